@@ -1,0 +1,45 @@
+# gantry — `make help` lists the targets.
+GO      ?= go
+BIN     ?= bin/gantry
+DATA    ?= $(CURDIR)/.gantry-data
+CONFIG  ?= examples/gantry.yaml
+PKGS    ?= ./...
+
+.PHONY: help build run test bench lint cross tidy-check fmt-check vet
+
+help: ## list the targets
+	@awk 'BEGIN{FS=":.*## "} /^[a-z-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+build: ## build bin/gantry
+	$(GO) build -o $(BIN) ./cmd/gantry
+
+run: build ## start the whole system in one process with the example config
+	./$(BIN) run --config $(CONFIG) --data $(DATA)
+
+test: fmt-check vet tidy-check ## gofmt check, go vet, go test -race, go mod tidy check
+	$(GO) test -race -count=1 -timeout 9m $(PKGS)
+
+bench: ## run the benchmarks (numbers go in docs/BENCHMARKS.md)
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
+
+lint: fmt-check vet ## gofmt check and go vet
+
+fmt-check: ## fail if any file is not gofmt'ed
+	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
+	if [ -n "$$out" ]; then echo "not gofmt'ed:"; echo "$$out"; exit 1; fi
+
+vet: ## go vet
+	$(GO) vet $(PKGS)
+
+tidy-check: ## fail if go.mod or go.sum are not tidy
+	@cp go.mod go.mod.tidy-check && cp go.sum go.sum.tidy-check; \
+	$(GO) mod tidy; \
+	status=0; \
+	if ! cmp -s go.mod go.mod.tidy-check || ! cmp -s go.sum go.sum.tidy-check; then \
+		echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit"; status=1; fi; \
+	mv go.mod.tidy-check go.mod; mv go.sum.tidy-check go.sum; exit $$status
+
+cross: ## build for linux/amd64, darwin/arm64 and windows/amd64
+	GOOS=linux   GOARCH=amd64 $(GO) build -o bin/gantry-linux-amd64 ./cmd/gantry
+	GOOS=darwin  GOARCH=arm64 $(GO) build -o bin/gantry-darwin-arm64 ./cmd/gantry
+	GOOS=windows GOARCH=amd64 $(GO) build -o bin/gantry-windows-amd64.exe ./cmd/gantry

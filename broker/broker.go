@@ -1,0 +1,251 @@
+package broker
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// SyncPolicy says when JetStream flushes stored messages to disk.
+type SyncPolicy string
+
+const (
+	// SyncAlways fsyncs every write before it is acknowledged: an
+	// acknowledged task or lease survives a power cut or an OS crash. It
+	// costs throughput (see docs/BENCHMARKS.md).
+	SyncAlways SyncPolicy = "always"
+	// SyncInterval fsyncs every Config.SyncInterval: writes acknowledged in
+	// the last interval can be lost on a power cut or OS crash (not on a
+	// process crash).
+	SyncInterval SyncPolicy = "interval"
+)
+
+// ErrInsecureListen is returned by New when the broker would listen beyond
+// loopback without authentication.
+var ErrInsecureListen = errors.New("listening beyond loopback needs authentication")
+
+// User is a NATS user the broker accepts.
+type User struct {
+	Name     string
+	Password string
+}
+
+// Config configures a Broker.
+type Config struct {
+	// DataDir is where JetStream stores streams and buckets. Required.
+	DataDir string
+	// Listen is the host:port clients connect to. Port 0 picks a free port.
+	// Defaults to 127.0.0.1:4222.
+	Listen string
+	// DontListen turns the TCP listener off; only in-process connections
+	// work. Defaults to false.
+	DontListen bool
+	// Sync is the disk flush policy. Defaults to SyncInterval: a process
+	// crash loses nothing, a power cut or OS crash can lose the writes of
+	// the last SyncInterval; SyncAlways closes that gap at ~50x the cost per
+	// write (docs/operations.md).
+	Sync SyncPolicy
+	// SyncInterval is the flush interval under SyncInterval. Defaults to 1s.
+	SyncInterval time.Duration
+	// Users, when set, are the only credentials the broker accepts, and
+	// allow listening beyond loopback. Defaults to none (no authentication,
+	// loopback only).
+	Users []User
+	// ServerName names this server; required to tell servers of a cluster
+	// apart. Defaults to "gantry-" and the listen port.
+	ServerName string
+	// Replicas is the replica count of every stream and bucket. Defaults to 1.
+	Replicas int
+	// MaxPayload bounds one message, in bytes. Defaults to 1 MiB.
+	MaxPayload int32
+	// ReadyTimeout bounds the wait for the server to accept clients.
+	// Defaults to 10s.
+	ReadyTimeout time.Duration
+	// Logger receives the server's log. Defaults to discarding it.
+	Logger *slog.Logger
+}
+
+// Broker is an embedded NATS server with JetStream.
+type Broker struct {
+	cfg          Config
+	log          *slog.Logger
+	srv          *server.Server
+	host         string
+	port         int
+	internalUser User
+
+	shutdownOnce sync.Once
+}
+
+// internalUserName is the user in-process components connect as when
+// authentication is configured.
+const internalUserName = "gantry-internal"
+
+// New validates cfg, fills its defaults and prepares a broker. It does not
+// start it.
+func New(cfg Config) (*Broker, error) {
+	cfg.Listen = cmp.Or(cfg.Listen, "127.0.0.1:4222")
+	cfg.Sync = cmp.Or(cfg.Sync, SyncInterval)
+	cfg.SyncInterval = cmp.Or(cfg.SyncInterval, time.Second)
+	cfg.Replicas = cmp.Or(cfg.Replicas, 1)
+	cfg.MaxPayload = cmp.Or(cfg.MaxPayload, 1<<20)
+	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, 10*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("broker: a data dir is required")
+	}
+	if cfg.Sync != SyncAlways && cfg.Sync != SyncInterval {
+		return nil, fmt.Errorf("broker: unknown sync policy %q (want %q or %q)", cfg.Sync, SyncAlways, SyncInterval)
+	}
+	host, portStr, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("broker: listen address %q: %w", cfg.Listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return nil, fmt.Errorf("broker: listen address %q: bad port", cfg.Listen)
+	}
+	if !cfg.DontListen && !IsLoopback(host) && len(cfg.Users) == 0 {
+		return nil, fmt.Errorf("broker: %w: %q is not a loopback address; configure users (auth.users in the config file) or listen on 127.0.0.1", ErrInsecureListen, cfg.Listen)
+	}
+	for _, u := range cfg.Users {
+		if u.Name == "" || u.Password == "" {
+			return nil, errors.New("broker: every user needs a name and a password")
+		}
+		if u.Name == internalUserName {
+			return nil, fmt.Errorf("broker: user name %q is reserved", internalUserName)
+		}
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	cfg.ServerName = cmp.Or(cfg.ServerName, "gantry-"+portStr)
+	b := &Broker{cfg: cfg, log: cfg.Logger, host: host, port: port}
+	if len(cfg.Users) > 0 {
+		b.internalUser = User{Name: internalUserName, Password: randomSecret()}
+	}
+	return b, nil
+}
+
+// IsLoopback reports whether host names only this machine.
+func IsLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func randomSecret() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Start starts the server, waits until it accepts clients and JetStream is
+// ready, and provisions every stream and bucket. On error the server is shut
+// down.
+func (b *Broker) Start(ctx context.Context) error {
+	opts := &server.Options{
+		ServerName:             b.cfg.ServerName,
+		Host:                   b.host,
+		Port:                   b.port,
+		DontListen:             b.cfg.DontListen,
+		NoSigs:                 true,
+		JetStream:              true,
+		StoreDir:               b.cfg.DataDir,
+		SyncAlways:             b.cfg.Sync == SyncAlways,
+		SyncInterval:           b.cfg.SyncInterval,
+		MaxPayload:             b.cfg.MaxPayload,
+		DisableJetStreamBanner: true,
+	}
+	if len(b.cfg.Users) > 0 {
+		for _, u := range append([]User{b.internalUser}, b.cfg.Users...) {
+			opts.Users = append(opts.Users, &server.User{Username: u.Name, Password: u.Password})
+		}
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return fmt.Errorf("create server: %w", err)
+	}
+	srv.SetLogger(&logAdapter{log: b.log}, false, false)
+	b.srv = srv
+	go srv.Start()
+	if !srv.ReadyForConnections(b.cfg.ReadyTimeout) {
+		b.Shutdown()
+		return fmt.Errorf("server not ready after %s", b.cfg.ReadyTimeout)
+	}
+	nc, err := b.Connect("gantry-provision")
+	if err != nil {
+		b.Shutdown()
+		return err
+	}
+	defer nc.Close()
+	if err := Provision(ctx, nc, ProvisionConfig{Replicas: b.cfg.Replicas}); err != nil {
+		b.Shutdown()
+		return err
+	}
+	b.log.Info("broker ready", "url", b.ClientURL(), "data_dir", b.cfg.DataDir, "sync", string(b.cfg.Sync))
+	return nil
+}
+
+// ClientURL is the URL remote clients connect to, or "" when not listening.
+func (b *Broker) ClientURL() string {
+	if b.srv == nil || b.cfg.DontListen {
+		return ""
+	}
+	return b.srv.ClientURL()
+}
+
+// Connect opens an in-process client connection to the broker, with the
+// internal credentials when authentication is configured.
+func (b *Broker) Connect(name string, opts ...nats.Option) (*nats.Conn, error) {
+	if b.srv == nil {
+		return nil, errors.New("broker not started")
+	}
+	base := []nats.Option{nats.Name(name), nats.InProcessServer(b.srv), nats.MaxReconnects(-1)}
+	if b.internalUser.Name != "" {
+		base = append(base, nats.UserInfo(b.internalUser.Name, b.internalUser.Password))
+	}
+	nc, err := nats.Connect("", append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("connect in-process: %w", err)
+	}
+	return nc, nil
+}
+
+// Shutdown stops the server and waits for it to finish. It is idempotent
+// and safe before Start.
+func (b *Broker) Shutdown() {
+	b.shutdownOnce.Do(func() {
+		if b.srv == nil {
+			return
+		}
+		b.srv.Shutdown()
+		b.srv.WaitForShutdown()
+		b.log.Info("broker stopped")
+	})
+}
+
+// logAdapter routes nats-server's log into slog.
+type logAdapter struct{ log *slog.Logger }
+
+func (l *logAdapter) Noticef(format string, v ...any) { l.log.Info(fmt.Sprintf(format, v...)) }
+func (l *logAdapter) Warnf(format string, v ...any)   { l.log.Warn(fmt.Sprintf(format, v...)) }
+func (l *logAdapter) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
+func (l *logAdapter) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
+func (l *logAdapter) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
+func (l *logAdapter) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }

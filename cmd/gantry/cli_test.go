@@ -1,0 +1,62 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown command", []string{"frobnicate"}, "unknown command"},
+		{"unknown flag", []string{"run", "--no-such-flag"}, "unknown flag"},
+		{"extra argument", []string{"run", "extra"}, "want no arguments"},
+		{"bad log level", []string{"run", "--log-level", "loud", "--data", t.TempDir()}, "log level"},
+		{"bad sync", []string{"run", "--sync", "sometimes", "--data", t.TempDir(), "--log-format", "json"}, "--sync"},
+		{"missing config", []string{"run", "--config", "/nonexistent/gantry.yaml"}, "no such file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			code, _, stderr := runInProcess(t, tc.args...)
+			if code != exitUsage || !strings.Contains(stderr, tc.want) {
+				t.Errorf("gantry %v = exit %d, stderr %q; want exit %d mentioning %q", tc.args, code, stderr, exitUsage, tc.want)
+			}
+		})
+	}
+}
+
+func TestBadConfigKey(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "gantry.yaml")
+	if err := os.WriteFile(path, []byte("jobs:\n  - {name: a, type: noop, evry: 1m}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runInProcess(t, "run", "--config", path, "--data", t.TempDir())
+	if code != exitUsage || !strings.Contains(stderr, `unknown key "evry"`) {
+		t.Errorf("run with a bad key = exit %d, stderr %q; want exit 2 naming the key", code, stderr)
+	}
+}
+
+func TestInsecureListenRefused(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range []string{"run", "broker"} {
+		code, _, stderr := runInProcess(t, cmd, "--nats-listen", "0.0.0.0:0", "--data", t.TempDir(), "--log-format", "json")
+		if code != exitUsage || !strings.Contains(stderr, "auth.users") {
+			t.Errorf("%s --nats-listen 0.0.0.0:0 = exit %d, stderr %q; want exit 2 saying to configure auth.users", cmd, code, stderr)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	code, stdout, stderr := runInProcess(t, "version", "--json")
+	if code != exitOK || !strings.Contains(stdout, `"nats-server"`) {
+		t.Errorf("version --json = exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/run"
+
+	"github.com/gantry-dev/gantry/broker"
+)
+
+// process composes the actors of one gantry process: every component's Run
+// and Stop, HTTP, and the signal handler, in one run.Group.
+type process struct {
+	log   *slog.Logger
+	g     run.Group
+	ready []<-chan struct{}
+	attrs []any
+	http  *httpServer
+	conns []*nats.Conn
+}
+
+func newProcess(log *slog.Logger) *process { return &process{log: log} }
+
+// addSignals ends the group on SIGINT or SIGTERM.
+func (p *process) addSignals(ctx context.Context) {
+	p.g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
+}
+
+// addHTTP serves /healthz and /readyz on addr, unless addr is empty. Readiness
+// includes the broker answering JetStream requests.
+func (p *process) addHTTP(addr string, nc *nats.Conn) error {
+	if addr == "" {
+		return nil
+	}
+	h, err := newHTTPServer(addr, p.log.With("component", "http"))
+	if err != nil {
+		return withCode(exitFailure, err)
+	}
+	if nc != nil {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		h.addCheck("jetstream", func(ctx context.Context) error {
+			_, err := js.AccountInfo(ctx)
+			return err
+		})
+	}
+	p.http = h
+	p.g.Add(h.Run, func(error) { h.Stop() })
+	p.attrs = append(p.attrs, "http", h.Addr())
+	return nil
+}
+
+// connect opens an in-process connection for one component, closed when the
+// process ends.
+func (p *process) connect(b *broker.Broker, component string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := b.Connect("gantry-" + component)
+	if err != nil {
+		return nil, nil, err
+	}
+	p.conns = append(p.conns, nc)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return nc, js, nil
+}
+
+// actor is a component with the Run/Stop contract.
+type actor interface {
+	Run(ctx context.Context) error
+	Stop()
+}
+
+// addActor adds a component to the group. Its context ends when the group
+// has been interrupted and the component has had stopGrace to drain.
+func (p *process) addActor(name string, a actor) {
+	ctx, cancel := context.WithCancel(context.Background())
+	p.g.Add(func() error {
+		if err := a.Run(ctx); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		return nil
+	}, func(error) {
+		a.Stop()
+		time.AfterFunc(stopGrace, cancel)
+	})
+	if r, ok := a.(interface{ Ready() <-chan struct{} }); ok {
+		p.ready = append(p.ready, r.Ready())
+	}
+}
+
+// stopGrace is how long a component may drain after Stop before its
+// context is cancelled; it keeps the whole shutdown within 10 s.
+const stopGrace = 7 * time.Second
+
+// run runs the group until a signal or an actor's error. It logs "ready" once
+// every component that reports readiness is ready. A signal is a clean stop.
+func (p *process) run() error {
+	done := make(chan struct{})
+	p.g.Add(func() error {
+		for _, c := range p.ready {
+			select {
+			case <-c:
+			case <-done:
+				return nil
+			}
+		}
+		p.log.Info("ready", p.attrs...)
+		<-done
+		return nil
+	}, func(error) { close(done) })
+	err := p.g.Run()
+	p.drainConns()
+	if errors.Is(err, run.ErrSignal) {
+		p.log.Info("stopped", "reason", err.Error())
+		return nil
+	}
+	return err
+}
+
+// drainConns drains every component connection and waits, briefly, for the
+// drains to finish, so nothing is in flight when the broker stops.
+func (p *process) drainConns() {
+	for _, nc := range p.conns {
+		_ = nc.Drain()
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for _, nc := range p.conns {
+		for !nc.IsClosed() && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		nc.Close()
+	}
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gantry-dev/gantry/internal/logging"
+)
+
+// app holds what every command shares: the global flags and the streams.
+type app struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+
+	client    clientFlags
+	json      bool
+	logFormat string
+	logLevel  string
+}
+
+// Run runs the gantry command line with args and returns the exit code.
+func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "gantry: %v\n", err)
+	}
+	return exitCode(err)
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "gantry",
+		Short: "A task pipeline on NATS JetStream for long-running desktop and plant-floor automation",
+		Long: `gantry runs automation tasks with ack deadlines, retries with backoff,
+resource leases and a full audit trail, on an embedded NATS JetStream broker.
+
+Start everything in one process with 'gantry run'.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError("%v", err) })
+	pf := root.PersistentFlags()
+	a.client.register(pf)
+	pf.BoolVar(&a.json, "json", false, "print JSON instead of tables")
+	pf.StringVar(&a.logFormat, "log-format", "auto", "log format: text, json, or auto (text on a terminal)")
+	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+
+	root.AddCommand(
+		a.runCommand(),
+		a.brokerCommand(),
+		a.versionCommand(),
+	)
+	return root
+}
+
+// logger builds the process's one logger from the global flags.
+func (a *app) logger() (*slog.Logger, error) {
+	w := a.stderr
+	if w == nil {
+		w = os.Stderr
+	}
+	log, err := logging.New(w, logging.Format(cmp.Or(a.logFormat, "auto")), a.logLevel)
+	if err != nil {
+		return nil, usageError("%v", err)
+	}
+	return log, nil
+}
+
+// exactArgs is cobra.ExactArgs with a usage exit code.
+func exactArgs(n int, names string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError("want %s, got %d argument(s)", names, len(args))
+		}
+		return nil
+	}
+}

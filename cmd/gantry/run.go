@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+
+	"github.com/spf13/cobra"
+)
+
+func (a *app) runCommand() *cobra.Command {
+	var sf serverFlags
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the embedded broker and every component in one process",
+		Long: `Run starts the embedded NATS JetStream broker and every gantry component in
+one process, and logs a line containing "ready" once clients can connect and
+every component runs. SIGINT or SIGTERM drains and stops it.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd.Context(), &sf) },
+	}
+	sf.register(cmd)
+	return cmd
+}
+
+func (a *app) run(ctx context.Context, sf *serverFlags) error {
+	log, err := a.logger()
+	if err != nil {
+		return err
+	}
+	cfg, err := sf.loadConfig()
+	if err != nil {
+		return err
+	}
+	// The broker starts before the group and stops after every actor has
+	// returned, so shutdown never depends on interrupt order.
+	b, err := sf.startBroker(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer b.Shutdown()
+	p := newProcess(log)
+	p.attrs = append(p.attrs, "nats", b.ClientURL(), "data_dir", sf.dataDir)
+
+	// Signals: SIGINT and SIGTERM stop the process cleanly.
+	p.addSignals(ctx)
+
+	// HTTP: /healthz and /readyz.
+	httpConn, _, err := p.connect(b, "http")
+	if err != nil {
+		return err
+	}
+	if err := p.addHTTP(sf.httpListen, httpConn); err != nil {
+		return err
+	}
+
+	return p.run()
+}

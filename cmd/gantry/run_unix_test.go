@@ -1,0 +1,101 @@
+//go:build !windows
+
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
+)
+
+func TestRunReadyAndSIGTERM(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cmd, ready := startGantry(t, "run", "--data", dir, "--nats-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+		"--config", "../../examples/gantry.yaml")
+
+	nc, js := brokertest.Connect(t, ready.NATS)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var buckets []string
+	for name := range js.KeyValueStoreNames(ctx).Name() {
+		buckets = append(buckets, name)
+	}
+	for _, want := range wire.Buckets {
+		if !slices.Contains(buckets, want) {
+			t.Errorf("buckets = %v, want %s", buckets, want)
+		}
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get("http://" + ready.HTTP + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s = %d %q, want 200", path, resp.StatusCode, body)
+		}
+	}
+	nc.Close()
+
+	start := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("exit after SIGTERM = %v, want 0", err)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("stopped %v after SIGTERM, want within 10s", d)
+		}
+	case <-time.After(12 * time.Second):
+		t.Fatal("still running 12s after SIGTERM")
+	}
+}
+
+func TestBrokerCommandRestartKeepsData(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cmd, ready := startGantry(t, "broker", "--data", dir, "--nats-listen", "127.0.0.1:0", "--http-listen", "")
+	nc, js := brokertest.Connect(t, ready.NATS)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, wire.BucketResources)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "cam1", []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGINT = %v, want 0", err)
+	}
+
+	_, ready = startGantry(t, "broker", "--data", dir, "--nats-listen", "127.0.0.1:0", "--http-listen", "")
+	_, js = brokertest.Connect(t, ready.NATS)
+	kv, err = js.KeyValue(ctx, wire.BucketResources)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, "cam1")
+	if err != nil || !strings.EqualFold(string(e.Value()), "kept") {
+		t.Errorf("cam1 after restart = %v, %v; want kept", e, err)
+	}
+}

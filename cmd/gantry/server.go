@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gantry-dev/gantry/broker"
+	"github.com/gantry-dev/gantry/internal/config"
+)
+
+// serverFlags are the flags of the commands that embed the broker.
+type serverFlags struct {
+	configPath   string
+	dataDir      string
+	natsListen   string
+	httpListen   string
+	sync         string
+	syncInterval time.Duration
+}
+
+func (s *serverFlags) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&s.configPath, "config", "", "YAML config file (see examples/gantry.yaml)")
+	f.StringVar(&s.dataDir, "data", defaultDataDir(), "data directory for streams, buckets and the audit store")
+	f.StringVar(&s.natsListen, "nats-listen", "127.0.0.1:4222", "host:port NATS clients connect to; beyond loopback needs auth.users in the config")
+	f.StringVar(&s.httpListen, "http-listen", "127.0.0.1:8420", "host:port of /healthz and /readyz; empty turns HTTP off")
+	f.StringVar(&s.sync, "sync", string(broker.SyncInterval), "disk flush policy: interval (fast; a power cut can lose the last --sync-interval of writes) or always (fsync before every ack, ~50x slower writes)")
+	f.DurationVar(&s.syncInterval, "sync-interval", time.Second, "flush interval under --sync interval")
+}
+
+// defaultDataDir is where gantry keeps its data unless told otherwise: the
+// user's data directory, so that a desktop run survives a change of working
+// directory.
+func defaultDataDir() string {
+	if runtime.GOOS == "linux" {
+		if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+			return filepath.Join(d, "gantry")
+		}
+		if home, err := os.UserHomeDir(); err == nil {
+			return filepath.Join(home, ".local", "share", "gantry")
+		}
+	}
+	if d, err := os.UserConfigDir(); err == nil {
+		return filepath.Join(d, "gantry")
+	}
+	return "gantry-data"
+}
+
+// loadConfig reads the config file, or returns an empty one when none is
+// named.
+func (s *serverFlags) loadConfig() (*config.File, error) {
+	if s.configPath == "" {
+		return &config.File{}, nil
+	}
+	f, err := config.Load(s.configPath)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, usageError("%v", err)
+		}
+		return nil, err
+	}
+	return f, nil
+}
+
+// startBroker creates the data dir and starts the embedded broker.
+func (s *serverFlags) startBroker(ctx context.Context, cfg *config.File, log *slog.Logger) (*broker.Broker, error) {
+	if s.sync != string(broker.SyncAlways) && s.sync != string(broker.SyncInterval) {
+		return nil, usageError("--sync %q: want always or interval", s.sync)
+	}
+	users := make([]broker.User, 0, len(cfg.Auth.Users))
+	for _, u := range cfg.Auth.Users {
+		users = append(users, broker.User{Name: u.User, Password: u.Password})
+	}
+	b, err := broker.New(broker.Config{
+		DataDir:      s.dataDir,
+		Listen:       s.natsListen,
+		Sync:         broker.SyncPolicy(s.sync),
+		SyncInterval: s.syncInterval,
+		Users:        users,
+		Logger:       log.With("component", "broker"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(s.dataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := b.Start(sctx); err != nil {
+		return nil, fmt.Errorf("start broker: %w", err)
+	}
+	return b, nil
+}

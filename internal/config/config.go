@@ -1,0 +1,194 @@
+// Package config reads gantry's YAML config file. Every section is optional;
+// an unknown key is an error that names it.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+// ErrInvalid marks every error about the config file's content; the CLI maps
+// it to exit code 2.
+var ErrInvalid = errors.New("invalid config")
+
+// File is the whole config file.
+type File struct {
+	// Auth configures the users the broker accepts; needed to listen beyond
+	// loopback.
+	Auth Auth `yaml:"auth"`
+	// Routes are the egress routes healthd probes.
+	Routes []Route `yaml:"routes"`
+	// Resources are registered in gantry_resources at start.
+	Resources []Resource `yaml:"resources"`
+	// Databases are what sql tasks connect to.
+	Databases []Database `yaml:"databases"`
+	// Jobs are applied to gantry_jobs at start.
+	Jobs []Job `yaml:"jobs"`
+}
+
+// Auth lists the broker's users.
+type Auth struct {
+	Users []User `yaml:"users"`
+}
+
+// User is one broker user.
+type User struct {
+	User     string `yaml:"user"`
+	Password string `yaml:"password"`
+}
+
+// Route is an egress route.
+type Route struct {
+	ID       string   `yaml:"id"`
+	Proxy    string   `yaml:"proxy"`
+	ProbeURL string   `yaml:"probe_url"`
+	Interval Duration `yaml:"interval"`
+	// ExpectIP and ExpectRegion are checked against what ExpectURL reports.
+	ExpectIP     string `yaml:"expect_ip"`
+	ExpectRegion string `yaml:"expect_region"`
+	ExpectURL    string `yaml:"expect_url"`
+}
+
+// Resource is a resource to register.
+type Resource struct {
+	ID    string `yaml:"id"`
+	Route string `yaml:"route"`
+}
+
+// Database is a database sql tasks may use.
+type Database struct {
+	Name   string `yaml:"name"`
+	Driver string `yaml:"driver"`
+	DSN    string `yaml:"dsn"`
+}
+
+// Job is a scheduled job.
+type Job struct {
+	Name        string         `yaml:"name"`
+	Type        string         `yaml:"type"`
+	Queue       string         `yaml:"queue"`
+	Payload     map[string]any `yaml:"payload"`
+	Cron        string         `yaml:"cron"`
+	Every       Duration       `yaml:"every"`
+	At          string         `yaml:"at"`
+	Timezone    string         `yaml:"timezone"`
+	Window      string         `yaml:"window"`
+	Jitter      Duration       `yaml:"jitter"`
+	Misfire     string         `yaml:"misfire"`
+	Overlap     string         `yaml:"overlap"`
+	MaxPerHour  int            `yaml:"max_per_hour"`
+	Priority    int            `yaml:"priority"`
+	Timeout     Duration       `yaml:"timeout"`
+	MaxAttempts int            `yaml:"max_attempts"`
+	Resource    string         `yaml:"resource"`
+	Description string         `yaml:"description"`
+	Paused      bool           `yaml:"paused"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("30s").
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: want a duration such as 30s or 5m", n.Line)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (want e.g. 30s or 5m)", n.Line, s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Std returns d as a time.Duration.
+func (d Duration) Std() time.Duration { return time.Duration(d) }
+
+// Load reads and validates the config file at path.
+func Load(path string) (*File, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	f, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return f, nil
+}
+
+var unknownField = regexp.MustCompile(`line (\d+): field (\S+) not found in type [\w.]+`)
+
+// Parse decodes and validates a config document.
+func Parse(data []byte) (*File, error) {
+	var f File
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		msg := unknownField.ReplaceAllString(err.Error(), `line $1: unknown key "$2"`)
+		return nil, fmt.Errorf("%w: %s", ErrInvalid, msg)
+	}
+	if err := f.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return &f, nil
+}
+
+func (f *File) validate() error {
+	for i, u := range f.Auth.Users {
+		if u.User == "" || u.Password == "" {
+			return fmt.Errorf("auth.users[%d]: needs user and password", i)
+		}
+	}
+	routes := map[string]bool{}
+	for i, r := range f.Routes {
+		if !wire.ValidToken(r.ID) {
+			return fmt.Errorf("routes[%d]: id %q must be non-empty, without spaces, '.', '*' or '>'", i, r.ID)
+		}
+		if routes[r.ID] {
+			return fmt.Errorf("routes[%d]: duplicate id %q", i, r.ID)
+		}
+		routes[r.ID] = true
+	}
+	seen := map[string]bool{}
+	for i, r := range f.Resources {
+		if !wire.ValidToken(r.ID) {
+			return fmt.Errorf("resources[%d]: id %q must be non-empty, without spaces, '.', '*' or '>'", i, r.ID)
+		}
+		if seen[r.ID] {
+			return fmt.Errorf("resources[%d]: duplicate id %q", i, r.ID)
+		}
+		seen[r.ID] = true
+		if r.Route != "" && !routes[r.Route] {
+			return fmt.Errorf("resources[%d]: route %q is not among routes", i, r.Route)
+		}
+	}
+	dbs := map[string]bool{}
+	for i, d := range f.Databases {
+		if d.Name == "" || dbs[d.Name] {
+			return fmt.Errorf("databases[%d]: name %q must be set and unique", i, d.Name)
+		}
+		dbs[d.Name] = true
+	}
+	jobs := map[string]bool{}
+	for i, j := range f.Jobs {
+		if !wire.ValidToken(j.Name) || jobs[j.Name] {
+			return fmt.Errorf("jobs[%d]: name %q must be set, unique, without spaces, '.', '*' or '>'", i, j.Name)
+		}
+		jobs[j.Name] = true
+		if j.Type == "" {
+			return fmt.Errorf("jobs[%d] (%s): type is required", i, j.Name)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,61 @@
+// Package logging builds gantry's one slog handler: tint on a terminal, JSON
+// otherwise.
+package logging
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/lmittmann/tint"
+)
+
+// Format is a log output format.
+type Format string
+
+// The log formats. FormatAuto picks text on a terminal and JSON otherwise.
+const (
+	FormatAuto Format = "auto"
+	FormatText Format = "text"
+	FormatJSON Format = "json"
+)
+
+// New returns a logger writing to w in format at level ("debug", "info",
+// "warn", "error").
+func New(w io.Writer, format Format, level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(strings.ToLower(level))); err != nil {
+		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
+	}
+	switch format {
+	case FormatAuto, "":
+		if isTerminal(w) {
+			format = FormatText
+		} else {
+			format = FormatJSON
+		}
+	case FormatText, FormatJSON:
+	default:
+		return nil, fmt.Errorf("log format %q: want text or json", format)
+	}
+	if format == FormatText {
+		return slog.New(tint.NewTextHandler(w, &tint.Options{
+			Level:      lvl,
+			TimeFormat: time.TimeOnly,
+			NoColor:    !isTerminal(w),
+		})), nil
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
