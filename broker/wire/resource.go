@@ -81,4 +81,19 @@ type Route struct {
 	LastError            string     `json:"last_error,omitempty"`
 	CooldownUntil        *time.Time `json:"cooldown_until,omitempty"`
 	LastChecked          *time.Time `json:"last_checked,omitempty"`
+
+	// Proxy is the route's proxy URL (http:// or socks5://) or "direct",
+	// copied from the config by healthd so that a worker on any machine can
+	// go out through the route. It may hold credentials: print it through
+	// RedactProxy.
+	Proxy string `json:"proxy,omitempty"`
+	// RecentTimeouts counts the timeouts within healthd's timeout window;
+	// TimeoutTimes holds when they happened.
+	RecentTimeouts int         `json:"recent_timeouts"`
+	TimeoutTimes   []time.Time `json:"timeout_times,omitempty"`
+	// LastErrorKind classifies LastError.
+	LastErrorKind ErrorKind `json:"last_error_kind,omitempty"`
+	// CooldownStreak counts the cooldowns in a row without the route
+	// settling; each one lasts longer than the last.
+	CooldownStreak int `json:"cooldown_streak,omitempty"`
 }
