@@ -46,13 +46,21 @@ type User struct {
 	Password string `yaml:"password"`
 }
 
-// Route is an egress route.
+// Route is an egress route healthd probes and http tasks go out through
+// (see route.go for its validation).
 type Route struct {
-	ID       string   `yaml:"id"`
-	Proxy    string   `yaml:"proxy"`
-	ProbeURL string   `yaml:"probe_url"`
+	// ID names the route: letters, digits, '-' and '_'.
+	ID string `yaml:"id"`
+	// Proxy is an http:// (HTTP CONNECT) or socks5:// URL, credentials
+	// allowed, or "direct". Defaults to direct.
+	Proxy string `yaml:"proxy"`
+	// ProbeURL is fetched through the route by every probe. Required.
+	ProbeURL string `yaml:"probe_url"`
+	// Interval is the time between probes. Defaults to 30s.
 	Interval Duration `yaml:"interval"`
-	// ExpectIP and ExpectRegion are checked against what ExpectURL reports.
+	// ExpectIP and ExpectRegion are checked against what ExpectURL reports:
+	// a JSON object with "ip" (or "origin", "query") and "region" (or
+	// "country", "country_code"), or a plain-text IP.
 	ExpectIP     string `yaml:"expect_ip"`
 	ExpectRegion string `yaml:"expect_region"`
 	ExpectURL    string `yaml:"expect_url"`
@@ -159,6 +167,9 @@ func (f *File) validate() error {
 			return fmt.Errorf("routes[%d]: duplicate id %q", i, r.ID)
 		}
 		routes[r.ID] = true
+		if err := r.validate(i); err != nil {
+			return err
+		}
 	}
 	seen := map[string]bool{}
 	for i, r := range f.Resources {
