@@ -1,0 +1,131 @@
+package wire
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// TaskRecord is the value of a task's key in BucketTasks: the contract's
+// TaskInfo plus what workers need to resume, retry or cancel the task.
+// Workers write it; `gantry submit` creates it for the tasks it publishes;
+// `gantry task get|ls|retry|cancel` read and update it.
+type TaskRecord struct {
+	TaskInfo
+	// Deliveries is the broker's delivery count of the task's current
+	// message. Attempts is Deliveries minus Delays.
+	Deliveries int `json:"deliveries,omitempty"`
+	// Delays counts deliveries that did not run the task: not_before not
+	// reached yet, a delayed retry (rate limit, busy resource, route
+	// cooldown, a delay exit code). They do not use up max_attempts.
+	Delays      int        `json:"delays,omitempty"`
+	MaxAttempts int        `json:"max_attempts,omitempty"`
+	Priority    int        `json:"priority,omitempty"`
+	Key         string     `json:"key,omitempty"`
+	NotBefore   *time.Time `json:"not_before,omitempty"`
+	// RetryAt is when a task in RETRY_WAIT is delivered again.
+	RetryAt *time.Time `json:"retry_at,omitempty"`
+	// Seq is the stream sequence of the task's current message in
+	// StreamTasks (0 when unknown).
+	Seq uint64 `json:"seq,omitempty"`
+	// Worker names the worker that last ran the task.
+	Worker string `json:"worker,omitempty"`
+	// Output holds the tail of the last attempt's output (exec: stdout and
+	// stderr; http: the response body), bounded.
+	Output string `json:"output,omitempty"`
+	// Message is the task's message, kept once it has left the stream
+	// (NEEDS_REVIEW), so that `gantry task retry` can publish it again.
+	Message *StoredMessage `json:"message,omitempty"`
+}
+
+// StoredMessage is a task message kept outside the stream.
+type StoredMessage struct {
+	Subject string              `json:"subject"`
+	Header  map[string][]string `json:"header,omitempty"`
+	Data    []byte              `json:"data,omitempty"`
+}
+
+// Checkpoint is what a running task saved of its progress, in
+// BucketCheckpoints under CheckpointKey(task id). A handler saves it; on a
+// redelivery it gets the last one back. exec tasks read and write it as the
+// JSON file named by EnvCheckpointFile.
+type Checkpoint struct {
+	Stage    string           `json:"stage,omitempty"`
+	LastItem string           `json:"last_item,omitempty"`
+	Counts   map[string]int64 `json:"counts,omitempty"`
+	// ResumeArgs are whatever the handler needs to resume.
+	ResumeArgs json.RawMessage `json:"resume_args,omitempty"`
+	// Lease is the resource lease the task held when it saved.
+	Lease     string    `json:"lease,omitempty"`
+	Attempt   int       `json:"attempt,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// HandlerRequest is the body of a request workers send on
+// HandlerSubject(type) for a task type with no built-in handler. The
+// handler answers within the task's timeout; an empty reply without
+// HeaderError means success.
+type HandlerRequest struct {
+	ID       string          `json:"id"`
+	Type     string          `json:"type"`
+	Queue    string          `json:"queue"`
+	Attempt  int             `json:"attempt"`
+	Payload  json.RawMessage `json:"payload,omitempty"`
+	Resource string          `json:"resource,omitempty"`
+	// Checkpoint is the task's last saved checkpoint, if any.
+	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
+	// Deadline is when the worker stops waiting for the reply.
+	Deadline time.Time `json:"deadline"`
+}
+
+// Headers of a handler's reply and of task messages.
+const (
+	// HeaderError on a handler's reply marks a failure; its value is the
+	// error message.
+	HeaderError = "Gantry-Error"
+	// HeaderErrorClass classifies a failure: ErrorClassRetry (the default),
+	// ErrorClassDelay or ErrorClassPermanent.
+	HeaderErrorClass = "Gantry-Error-Class"
+	// HeaderRetryAfter is a Go duration or whole seconds: when to try a
+	// delayed failure again.
+	HeaderRetryAfter = "Gantry-Retry-After"
+	// HeaderCheckpoint on a handler's reply carries a Checkpoint (JSON) to
+	// save.
+	HeaderCheckpoint = "Gantry-Checkpoint"
+	// HeaderCreated on a task message says its publisher has already
+	// emitted TASK_CREATED (`gantry submit` does), so workers do not.
+	HeaderCreated = "Gantry-Created"
+)
+
+// The error classes of HeaderErrorClass.
+const (
+	ErrorClassRetry     = "retry"
+	ErrorClassDelay     = "delay"
+	ErrorClassPermanent = "permanent"
+)
+
+// SubjectTaskCancel is where `gantry task cancel` announces a cancelled task
+// (core NATS, body: the task id); the worker running it stops it.
+const SubjectTaskCancel = "gantry.control.task.cancel"
+
+// EnvCheckpointFile names, in an exec'd process's environment, a file that
+// holds the task's last checkpoint (JSON, or empty) and that the process may
+// overwrite with a new one.
+const EnvCheckpointFile = "GANTRY_CHECKPOINT_FILE"
+
+// MaxTaskIDLen bounds the length of a task id.
+const MaxTaskIDLen = 128
+
+// ValidTaskID reports whether id can name a task: 1 to MaxTaskIDLen letters,
+// digits, '-', '_' or '='. Task ids are KV keys.
+func ValidTaskID(id string) bool {
+	if id == "" || len(id) > MaxTaskIDLen {
+		return false
+	}
+	for _, c := range id {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '='
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
