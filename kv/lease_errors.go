@@ -1,0 +1,107 @@
+package kv
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+// Sentinel errors of the lease and resource stores, checked with errors.Is.
+var (
+	// ErrConflict means another owner holds the lease; the error is a
+	// *ConflictError that names the holder.
+	ErrConflict = errors.New("lease held by another owner")
+	// ErrNotFound means no such lease or resource.
+	ErrNotFound = errors.New("not found")
+	// ErrLeaseLost means the caller no longer holds the lease it names: it
+	// lapsed, was released, or is now held by someone else. Nothing was
+	// changed.
+	ErrLeaseLost = errors.New("lease lost")
+	// ErrUnavailable means the resource is DISABLED or FAULT and cannot be
+	// leased; the error is an *UnavailableError.
+	ErrUnavailable = errors.New("resource unavailable")
+	// ErrIllegalMove means a resource state move is not allowed; the error
+	// is an *IllegalMoveError naming from and to.
+	ErrIllegalMove = errors.New("illegal resource state move")
+)
+
+// ConflictError reports that a lease is held by another owner. It matches
+// ErrConflict.
+type ConflictError struct {
+	Resource string
+	// Holder is the owner holding the lease.
+	Holder string
+	// ExpiresAt is when the holder's lease lapses unless renewed
+	// (informative: the broker's TTL decides).
+	ExpiresAt time.Time
+	// Revision is the holder's lease revision.
+	Revision uint64
+}
+
+// Error names the resource, the holder and its expiry.
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("resource %s is held by %s until %s", e.Resource, e.Holder, e.ExpiresAt.UTC().Format(time.RFC3339))
+}
+
+// Is makes errors.Is(err, ErrConflict) true.
+func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+
+// UnavailableError reports that a resource cannot be leased in its state.
+// It matches ErrUnavailable.
+type UnavailableError struct {
+	Resource  string
+	State     wire.ResourceState
+	LastError string
+}
+
+// Error names the resource and its state.
+func (e *UnavailableError) Error() string {
+	msg := fmt.Sprintf("resource %s is %s and cannot be leased", e.Resource, e.State)
+	if e.LastError != "" {
+		msg += " (last error: " + e.LastError + ")"
+	}
+	return msg
+}
+
+// Is makes errors.Is(err, ErrUnavailable) true.
+func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// IllegalMoveError reports a refused resource state move. It matches
+// ErrIllegalMove.
+type IllegalMoveError struct {
+	Resource string
+	From, To wire.ResourceState
+	// Why explains the refusal when it is more than the move table.
+	Why string
+}
+
+// Error names the resource, from and to.
+func (e *IllegalMoveError) Error() string {
+	msg := fmt.Sprintf("resource %s: illegal move %s -> %s", e.Resource, e.From, e.To)
+	if e.Why != "" {
+		msg += ": " + e.Why
+	}
+	return msg
+}
+
+// Is makes errors.Is(err, ErrIllegalMove) true.
+func (e *IllegalMoveError) Is(target error) bool { return target == ErrIllegalMove }
+
+// casConflict reports whether err is the broker refusing a write because the
+// key's last revision is not the expected one. Replicated streams report
+// 10164 instead of 10071.
+func casConflict(err error) bool {
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}

@@ -1,0 +1,279 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/audit"
+)
+
+// Outcome is how the work under a resource lease ended, as far as the
+// resource is concerned. The zero Outcome returns the resource to AVAILABLE:
+// a task's own failure is not the resource's.
+type Outcome struct {
+	// Fault, when set, is a resource failure (the device, application or
+	// profile is broken): the resource goes to FAULT with this error and is
+	// not leased again until an operator enables it.
+	Fault error
+	// Cooldown, when positive and Fault is nil, rests the resource: it goes
+	// to COOLDOWN and back to AVAILABLE once Cooldown (whole seconds, at
+	// least 1 s) has passed. A lease owned by CooldownOwner(owner) holds it
+	// meanwhile, so the broker's TTL times the cooldown.
+	Cooldown time.Duration
+}
+
+// faultError marks an error as a resource failure.
+type faultError struct{ err error }
+
+func (e *faultError) Error() string { return "resource fault: " + e.err.Error() }
+func (e *faultError) Unwrap() error { return e.err }
+
+// Fault marks err as a resource failure rather than a task failure; see
+// OutcomeOf. Fault(nil) is nil.
+func Fault(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &faultError{err: err}
+}
+
+// IsFault reports whether err, or an error it wraps, was marked by Fault.
+func IsFault(err error) bool {
+	var fe *faultError
+	return errors.As(err, &fe)
+}
+
+// OutcomeOf returns the resource outcome of work that ended with err: a
+// fault if err was marked by Fault, otherwise a plain release.
+func OutcomeOf(err error) Outcome {
+	if IsFault(err) {
+		return Outcome{Fault: err}
+	}
+	return Outcome{}
+}
+
+// ResourceHolder is a task's hold on a resource: a renewed lease and, for a
+// registered resource, its state (LEASED, then RUNNING after Start). Work
+// must stop when Context is done.
+type ResourceHolder struct {
+	r          *Resources
+	h          *Holder
+	id, owner  string
+	registered bool
+}
+
+// Lease checks resource id, acquires its lease for owner (renewed every
+// ttl/3) and moves it AVAILABLE -> LEASED. A DISABLED or FAULT resource is
+// refused with an *UnavailableError before anything is taken; a lease held
+// by another owner is a *ConflictError (errors.Is(err, ErrConflict)), as is
+// a resource in COOLDOWN. A resource left LEASED or RUNNING by a holder
+// whose lease is gone is reclaimed first (see Reclaim). An id that is not
+// registered gets a plain lease with no state machine.
+func (r *Resources) Lease(ctx context.Context, id, owner string, ttl time.Duration) (*ResourceHolder, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	cur, err := r.get(ctx, id)
+	registered := err == nil
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("lease resource %s: %w", id, err)
+	}
+	if registered && (cur.State == wire.ResourceDisabled || cur.State == wire.ResourceFault) {
+		return nil, &UnavailableError{Resource: id, State: cur.State, LastError: cur.LastError}
+	}
+	h, err := r.leases.Hold(ctx, id, owner, ttl)
+	if err != nil {
+		return nil, err
+	}
+	rh := &ResourceHolder{r: r, h: h, id: id, owner: owner, registered: registered}
+	if !registered {
+		return rh, nil
+	}
+	if err := rh.take(ctx); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resourceTimeout)
+		defer cancel()
+		if rerr := h.Release(cctx); rerr != nil {
+			r.log.Warn("release after failed lease", "resource_id", id, "err", rerr)
+		}
+		return nil, err
+	}
+	return rh, nil
+}
+
+// take moves the resource to LEASED for the holder, reclaiming it first if a
+// previous holder left it behind.
+func (rh *ResourceHolder) take(ctx context.Context) error {
+	errStale := errors.New("stale")
+	for range maxCASAttempts {
+		lease := rh.h.Lease()
+		_, _, err := rh.r.change(ctx, rh.id, "leased by "+rh.owner, func(cur Resource) (Resource, error) {
+			switch cur.State {
+			case wire.ResourceAvailable:
+				next := cur
+				next.State = wire.ResourceLeased
+				next.LeaseOwner = rh.owner
+				until := lease.ExpiresAt
+				next.LeaseUntil = &until
+				return next, nil
+			case wire.ResourceLeased, wire.ResourceRunning:
+				if cur.LeaseOwner == rh.owner {
+					return cur, errNoChange
+				}
+				return cur, errStale
+			case wire.ResourceCooldown:
+				return cur, errStale
+			}
+			return cur, &UnavailableError{Resource: rh.id, State: cur.State, LastError: cur.LastError}
+		})
+		switch {
+		case errors.Is(err, errStale):
+			if _, _, err := rh.r.Reclaim(ctx, rh.id, "lease of the previous holder is gone"); err != nil {
+				return err
+			}
+		case errors.Is(err, ErrNotFound):
+			rh.registered = false
+			return nil
+		default:
+			return err
+		}
+	}
+	return fmt.Errorf("lease resource %s: still contended after %d attempts", rh.id, maxCASAttempts)
+}
+
+// Context is cancelled when the lease is lost: stop working on the resource.
+func (rh *ResourceHolder) Context() context.Context { return rh.h.Context() }
+
+// Lease returns the lease as last renewed.
+func (rh *ResourceHolder) Lease() wire.Lease { return rh.h.Lease() }
+
+// Registered reports whether the resource is registered (has a state
+// machine) or is leased plainly.
+func (rh *ResourceHolder) Registered() bool { return rh.registered }
+
+// Start moves the resource LEASED -> RUNNING. It returns ErrLeaseLost if the
+// lease is lost or the resource is no longer the holder's.
+func (rh *ResourceHolder) Start(ctx context.Context) error {
+	if err := rh.h.Err(); errors.Is(err, ErrLeaseLost) {
+		return err
+	}
+	if !rh.registered {
+		return nil
+	}
+	_, _, err := rh.r.change(ctx, rh.id, "started by "+rh.owner, func(cur Resource) (Resource, error) {
+		if cur.LeaseOwner != rh.owner {
+			return cur, fmt.Errorf("%w: resource %s is %s, no longer %s's", ErrLeaseLost, rh.id, cur.State, rh.owner)
+		}
+		if cur.State == wire.ResourceRunning {
+			return cur, errNoChange
+		}
+		next := cur
+		next.State = wire.ResourceRunning
+		return next, nil
+	})
+	if err != nil {
+		return fmt.Errorf("start on resource %s: %w", rh.id, err)
+	}
+	return nil
+}
+
+// Finish ends the hold: it stops the renewals, moves the resource as out
+// says (AVAILABLE, FAULT or COOLDOWN) and releases the lease (or hands it
+// to the cooldown). If the lease was lost, Finish changes nothing and
+// returns ErrLeaseLost: the keeper reclaims the resource. A resource an
+// operator moved meanwhile (say, DISABLED) keeps its state.
+func (rh *ResourceHolder) Finish(ctx context.Context, out Outcome) error {
+	h := rh.h
+	h.stopRenewing()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return nil
+	}
+	h.released = true
+	defer h.cancel(context.Canceled)
+	if err := h.Err(); errors.Is(err, ErrLeaseLost) {
+		return err
+	}
+	if out.Fault == nil && out.Cooldown > 0 {
+		return rh.cooldown(ctx, out.Cooldown)
+	}
+	var errs []error
+	if rh.registered {
+		if out.Fault != nil {
+			// FAULT is reached from RUNNING only.
+			if err := rh.Start(ctx); err != nil && !errors.Is(err, ErrLeaseLost) {
+				errs = append(errs, err)
+			}
+		}
+		reason := "released by " + rh.owner
+		if out.Fault != nil {
+			reason = "fault under " + rh.owner + ": " + out.Fault.Error()
+		}
+		_, _, err := rh.r.change(ctx, rh.id, reason, func(cur Resource) (Resource, error) {
+			if cur.LeaseOwner != rh.owner || (cur.State != wire.ResourceLeased && cur.State != wire.ResourceRunning) {
+				return cur, errNoChange
+			}
+			next := cur
+			next.LeaseOwner, next.LeaseUntil = "", nil
+			next.State = wire.ResourceAvailable
+			if out.Fault != nil {
+				next.State = wire.ResourceFault
+				next.LastError = out.Fault.Error()
+			}
+			return next, nil
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("finish on resource %s: %w", rh.id, err))
+		}
+	}
+	if err := rh.r.leases.Release(ctx, h.lease); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// cooldown hands the lease to CooldownOwner for d, then moves the resource
+// to COOLDOWN. The lease goes first, so a keeper never sees a COOLDOWN
+// resource without its cooldown lease.
+func (rh *ResourceHolder) cooldown(ctx context.Context, d time.Duration) error {
+	d, err := LeaseTTL(d)
+	if err != nil {
+		return err
+	}
+	h := rh.h
+	if rh.registered {
+		if err := rh.Start(ctx); err != nil && !errors.Is(err, ErrLeaseLost) {
+			return err
+		}
+	}
+	cl, err := rh.r.leases.write(ctx, h.lease, CooldownOwner(rh.owner), d)
+	if err != nil {
+		return fmt.Errorf("cooldown on resource %s: %w", rh.id, err)
+	}
+	rh.r.leases.ev.emit(wire.Event{
+		Type: wire.EventResourceReleased, ResourceID: rh.id,
+		Message: fmt.Sprintf("%s released %s into a %v cooldown", rh.owner, rh.id, d),
+		Payload: audit.Payload(map[string]any{"owner": rh.owner, "cooldown": d.String(), "until": cl.ExpiresAt, "revision": cl.Revision}),
+	})
+	if !rh.registered {
+		return nil
+	}
+	_, _, err = rh.r.change(ctx, rh.id, fmt.Sprintf("cooldown %v after %s", d, rh.owner), func(cur Resource) (Resource, error) {
+		if cur.LeaseOwner != rh.owner || cur.State != wire.ResourceRunning {
+			return cur, errNoChange
+		}
+		next := cur
+		next.State = wire.ResourceCooldown
+		next.LeaseOwner = ""
+		until := cl.ExpiresAt
+		next.LeaseUntil = &until
+		return next, nil
+	})
+	if err != nil {
+		return fmt.Errorf("cooldown on resource %s: %w", rh.id, err)
+	}
+	return nil
+}
