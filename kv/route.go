@@ -1,0 +1,93 @@
+package kv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+// ErrRouteNotFound is returned for a route id that gantry_routes does not
+// hold.
+var ErrRouteNotFound = errors.New("route not found")
+
+// RouteStore is the typed view of the gantry_routes bucket: one wire.Route
+// per key, keyed by route id. healthd writes it; workers and the CLI read
+// it.
+type RouteStore struct {
+	kv jetstream.KeyValue
+}
+
+// NewRouteStore binds the gantry_routes bucket, which the broker
+// provisions.
+func NewRouteStore(ctx context.Context, js jetstream.JetStream) (*RouteStore, error) {
+	b, err := js.KeyValue(ctx, wire.BucketRoutes)
+	if err != nil {
+		return nil, fmt.Errorf("bind bucket %s: %w", wire.BucketRoutes, err)
+	}
+	return &RouteStore{kv: b}, nil
+}
+
+// Get returns route id and the revision it was read at.
+func (s *RouteStore) Get(ctx context.Context, id string) (wire.Route, uint64, error) {
+	e, err := s.kv.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
+		return wire.Route{}, 0, fmt.Errorf("route %q: %w", id, ErrRouteNotFound)
+	}
+	if err != nil {
+		return wire.Route{}, 0, fmt.Errorf("get route %q: %w", id, err)
+	}
+	var r wire.Route
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return wire.Route{}, 0, fmt.Errorf("decode route %q: %w", id, err)
+	}
+	return r, e.Revision(), nil
+}
+
+// Put writes r under its id and returns the new revision.
+func (s *RouteStore) Put(ctx context.Context, r wire.Route) (uint64, error) {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return 0, fmt.Errorf("encode route %q: %w", r.ID, err)
+	}
+	rev, err := s.kv.Put(ctx, r.ID, data)
+	if err != nil {
+		return 0, fmt.Errorf("put route %q: %w", r.ID, err)
+	}
+	return rev, nil
+}
+
+// List returns every route, sorted by id. It reads the bucket in one pass
+// (a watch up to its current end) rather than one request per key.
+func (s *RouteStore) List(ctx context.Context) ([]wire.Route, error) {
+	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []wire.Route
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("list routes: %w", ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("list routes: watch closed")
+			}
+			if e == nil {
+				sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+				return out, nil
+			}
+			var r wire.Route
+			if err := json.Unmarshal(e.Value(), &r); err != nil {
+				return nil, fmt.Errorf("decode route %q: %w", e.Key(), err)
+			}
+			out = append(out, r)
+		}
+	}
+}

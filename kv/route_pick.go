@@ -1,0 +1,207 @@
+package kv
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/clock"
+)
+
+// ErrNoRoutes is returned for route "auto" when gantry_routes holds no route
+// at all: no config names one, so waiting would not help.
+var ErrNoRoutes = errors.New("no egress routes configured")
+
+// RouteUnavailableError says that the route asked for (or, for "auto",
+// every route) cannot take traffic now. It is a delayed retry: RetryAfter
+// tells when to try again, the end of the route's cooldown when known.
+type RouteUnavailableError struct {
+	// Route is the route asked for: an id or "auto".
+	Route string
+	// State is the route's state; empty for "auto".
+	State wire.RouteState
+	// Wait is how long to wait before trying again.
+	Wait time.Duration
+}
+
+func (e *RouteUnavailableError) Error() string {
+	if e.Route == wire.RouteAuto {
+		return fmt.Sprintf("no egress route is AVAILABLE; retry in %v", e.Wait)
+	}
+	return fmt.Sprintf("route %q is %s; retry in %v", e.Route, e.State, e.Wait)
+}
+
+// RetryAfter returns how long to wait before trying again.
+func (e *RouteUnavailableError) RetryAfter() time.Duration { return e.Wait }
+
+// RoutePickerConfig tunes a RoutePicker.
+type RoutePickerConfig struct {
+	// Clock tells the time for cooldown waits. Defaults to the real clock.
+	Clock clock.Clock
+	// Wait is the retry hint when a route is unavailable with no known end
+	// (FAULT, DISABLED, or every route in such a state). Defaults to 30s.
+	Wait time.Duration
+	// MinWait is the shortest retry hint, for a cooldown about to end.
+	// Defaults to 1s.
+	MinWait time.Duration
+	// Dialer makes the first hop of every connection. Defaults to a
+	// net.Dialer with a 30s connect timeout.
+	Dialer *net.Dialer
+	// Logger receives the picker's warnings. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+// RoutePicker gives http tasks a transport through an egress route, picked
+// from gantry_routes by state and score, and reports failed real traffic
+// back to healthd. It is safe for concurrent use.
+type RoutePicker struct {
+	cfg   RoutePickerConfig
+	store *RouteStore
+	nc    *nats.Conn
+
+	mu         sync.Mutex
+	transports map[string]*http.Transport
+}
+
+// NewRoutePicker returns a picker reading gantry_routes through js and
+// publishing reports on nc.
+func NewRoutePicker(ctx context.Context, cfg RoutePickerConfig, nc *nats.Conn, js jetstream.JetStream) (*RoutePicker, error) {
+	if nc == nil || js == nil {
+		return nil, errors.New("route picker: needs a NATS connection and JetStream")
+	}
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
+	cfg.Wait = cmp.Or(cfg.Wait, 30*time.Second)
+	cfg.MinWait = cmp.Or(cfg.MinWait, time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	store, err := NewRouteStore(ctx, js)
+	if err != nil {
+		return nil, err
+	}
+	return &RoutePicker{cfg: cfg, store: store, nc: nc, transports: map[string]*http.Transport{}}, nil
+}
+
+// Pick returns the route to send traffic through: for "auto" the
+// AVAILABLE route with the best score (ties: lower latency, then id), for
+// an id that route if it is AVAILABLE. An unavailable route is a
+// *RouteUnavailableError; an unknown id wraps ErrRouteNotFound; "auto"
+// with no route at all is ErrNoRoutes.
+func (p *RoutePicker) Pick(ctx context.Context, route string) (wire.Route, error) {
+	if route != wire.RouteAuto {
+		r, _, err := p.store.Get(ctx, route)
+		if err != nil {
+			return wire.Route{}, err
+		}
+		if r.State != wire.RouteAvailable {
+			return wire.Route{}, &RouteUnavailableError{Route: route, State: r.State, Wait: p.wait(r)}
+		}
+		return r, nil
+	}
+	all, err := p.store.List(ctx)
+	if err != nil {
+		return wire.Route{}, err
+	}
+	if len(all) == 0 {
+		return wire.Route{}, ErrNoRoutes
+	}
+	var best *wire.Route
+	wait := time.Duration(0)
+	for i := range all {
+		r := &all[i]
+		if r.State != wire.RouteAvailable {
+			if w := p.wait(*r); wait == 0 || w < wait {
+				wait = w
+			}
+			continue
+		}
+		if best == nil || better(r, best) {
+			best = r
+		}
+	}
+	if best == nil {
+		return wire.Route{}, &RouteUnavailableError{Route: wire.RouteAuto, Wait: wait}
+	}
+	return *best, nil
+}
+
+func better(a, b *wire.Route) bool {
+	if a.Score != b.Score {
+		return a.Score > b.Score
+	}
+	if a.LatencyMS != b.LatencyMS {
+		return a.LatencyMS < b.LatencyMS
+	}
+	return a.ID < b.ID
+}
+
+// wait is the retry hint for unavailable route r.
+func (p *RoutePicker) wait(r wire.Route) time.Duration {
+	if r.State == wire.RouteCooldown && r.CooldownUntil != nil {
+		return max(r.CooldownUntil.Sub(p.cfg.Clock.Now()), p.cfg.MinWait)
+	}
+	return p.cfg.Wait
+}
+
+// Transport picks a route as Pick does and returns a transport that goes
+// out through it, with the id of the route picked. Transports are cached
+// per proxy, so connections are reused across tasks.
+func (p *RoutePicker) Transport(ctx context.Context, route string) (http.RoundTripper, string, error) {
+	r, err := p.Pick(ctx, route)
+	if err != nil {
+		return nil, "", err
+	}
+	proxy := cmp.Or(r.Proxy, wire.RouteDirect)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t, ok := p.transports[proxy]; ok {
+		return t, r.ID, nil
+	}
+	t, err := NewRouteTransport(proxy, p.cfg.Dialer)
+	if err != nil {
+		return nil, "", fmt.Errorf("route %q: %w", r.ID, err)
+	}
+	p.transports[proxy] = t
+	return t, r.ID, nil
+}
+
+// Report tells healthd that real traffic through routeID failed with err,
+// so the route's health reflects it. A nil err and a cancelled request
+// (not the route's fault) are not reported. Publishing is best effort: a
+// failure is logged.
+func (p *RoutePicker) Report(ctx context.Context, routeID string, err error) {
+	if err == nil || routeID == "" || errors.Is(err, context.Canceled) {
+		return
+	}
+	data, merr := json.Marshal(wire.RouteReport{
+		Route: routeID, Time: p.cfg.Clock.Now(), Kind: ClassifyError(err), Error: err.Error(),
+	})
+	if merr != nil {
+		p.cfg.Logger.Warn("route report not encoded", "route_id", routeID, "err", merr)
+		return
+	}
+	if perr := p.nc.Publish(wire.RouteReportSubject(routeID), data); perr != nil {
+		p.cfg.Logger.Warn("route report not published", "route_id", routeID, "err", perr)
+	}
+}
+
+// Close closes the idle connections of every cached transport.
+func (p *RoutePicker) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, t := range p.transports {
+		t.CloseIdleConnections()
+		delete(p.transports, k)
+	}
+}
