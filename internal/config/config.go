@@ -68,9 +68,16 @@ type Route struct {
 
 // Resource is a resource to register.
 type Resource struct {
+	// ID names the resource: letters, digits, '-', '_', '/' or '='.
 	ID    string `yaml:"id"`
 	Route string `yaml:"route"`
+	// Reclaim is where the resource goes when it is found RUNNING with its
+	// holder's lease gone: available or fault. Defaults to available.
+	Reclaim string `yaml:"reclaim"`
 }
+
+// resourceID is what a resource id may hold: it is a KV key.
+var resourceID = regexp.MustCompile(`^[-/_=A-Za-z0-9]+$`)
 
 // Database is a database sql tasks may use.
 type Database struct {
@@ -182,6 +189,12 @@ func (f *File) validate() error {
 		seen[r.ID] = true
 		if r.Route != "" && !routes[r.Route] {
 			return fmt.Errorf("resources[%d]: route %q is not among routes", i, r.Route)
+		}
+		if !resourceID.MatchString(r.ID) {
+			return fmt.Errorf("resources[%d]: id %q may hold only letters, digits, '-', '_', '/' and '='", i, r.ID)
+		}
+		if r.Reclaim != "" && r.Reclaim != "available" && r.Reclaim != "fault" {
+			return fmt.Errorf("resources[%d] (%s): reclaim %q: want available or fault", i, r.ID, r.Reclaim)
 		}
 	}
 	dbs := map[string]bool{}
