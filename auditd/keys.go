@@ -1,0 +1,111 @@
+package auditd
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+// Key kinds: the byte after the day prefix.
+const (
+	kindEvent    byte = 'e'
+	kindTask     byte = 'k'
+	kindResource byte = 'r'
+	kindRoute    byte = 'o'
+	kindJob      byte = 'j'
+	kindType     byte = 'y'
+	kindLevel    byte = 'l'
+)
+
+const nsPerDay = int64(24 * time.Hour)
+
+// index is one secondary index entry of an event.
+type index struct {
+	kind  byte
+	value string
+}
+
+// indexesOf lists the secondary index entries of ev: one per set field.
+func indexesOf(ev *wire.Event) []index {
+	out := make([]index, 0, 6)
+	for _, ix := range []index{
+		{kindTask, ev.TaskID}, {kindResource, ev.ResourceID}, {kindRoute, ev.RouteID},
+		{kindJob, ev.JobID}, {kindType, string(ev.Type)}, {kindLevel, string(ev.Level)},
+	} {
+		if ix.value != "" {
+			out = append(out, ix)
+		}
+	}
+	return out
+}
+
+// timeBytes encodes t as 8 bytes that sort as t does, before 1970 too.
+func timeBytes(t time.Time) []byte {
+	return binary.BigEndian.AppendUint64(nil, uint64(t.UnixNano())^(1<<63))
+}
+
+// dayOf returns the sortable number of t's UTC day.
+func dayOf(t time.Time) uint32 {
+	ns := t.UnixNano()
+	d := ns / nsPerDay
+	if ns%nsPerDay < 0 {
+		d--
+	}
+	return uint32(int32(d)) ^ (1 << 31)
+}
+
+// dayOfBytes returns the day of a time encoded by timeBytes.
+func dayOfBytes(b []byte) uint32 {
+	ns := int64(binary.BigEndian.Uint64(b) ^ (1 << 63))
+	return dayOf(time.Unix(0, ns))
+}
+
+// dayPrefix is the first key of a day: 'd' and the day.
+func dayPrefix(day uint32) []byte {
+	return binary.BigEndian.AppendUint32([]byte{'d'}, day)
+}
+
+// dayUpper is the exclusive upper bound of the keys of days up to day.
+func dayUpper(day uint32) []byte {
+	return prefixEnd(dayPrefix(day))
+}
+
+// groupPrefix is the common prefix of one day's keys of one kind and value.
+func groupPrefix(day uint32, kind byte, value string) []byte {
+	k := append(dayPrefix(day), kind)
+	if kind == kindEvent {
+		return k
+	}
+	k = append(k, value...)
+	return append(k, 0)
+}
+
+// primaryKey is the key of the event with id at t.
+func primaryKey(t time.Time, id string) []byte {
+	k := append(groupPrefix(dayOf(t), kindEvent, ""), timeBytes(t)...)
+	return append(k, id...)
+}
+
+// primaryKeyFromSuffix is the key of the event whose <time><id> is suffix.
+func primaryKeyFromSuffix(day uint32, suffix []byte) []byte {
+	return append(groupPrefix(day, kindEvent, ""), suffix...)
+}
+
+// secondaryKey is an index key of the event whose <time><id> is suffix.
+func secondaryKey(t time.Time, kind byte, value string, suffix []byte) []byte {
+	return append(groupPrefix(dayOf(t), kind, value), suffix...)
+}
+
+// prefixEnd returns the smallest key greater than every key starting with
+// p, or nil (no bound) when there is none.
+func prefixEnd(p []byte) []byte {
+	end := append([]byte{}, p...)
+	for i := len(end) - 1; i >= 0; i-- {
+		end[i]++
+		if end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil
+}

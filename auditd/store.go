@@ -1,0 +1,562 @@
+package auditd
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+// Query limits.
+const (
+	// DefaultLimit is the page size of a query that sets none.
+	DefaultLimit = 100
+	// MaxLimit is the largest page a query may ask for.
+	MaxLimit = 10000
+)
+
+var (
+	// ErrBadQuery marks a query that cannot be answered as asked: a bad
+	// cursor, a limit out of range, an empty time range.
+	ErrBadQuery = errors.New("bad audit query")
+	// ErrInvalidEvent marks an event that cannot be stored: no id, no type,
+	// no time, or a 0x00 byte in an indexed field.
+	ErrInvalidEvent = errors.New("invalid audit event")
+	// ErrUnavailable is returned while the store is failed, after a write
+	// error and until Recover reopens it.
+	ErrUnavailable = errors.New("audit store unavailable")
+)
+
+// StoreOptions tunes OpenStore.
+type StoreOptions struct {
+	// Logger receives Pebble's messages (info as debug). Defaults to
+	// discarding them.
+	Logger *slog.Logger
+	// FS is the file system Pebble writes through. Defaults to the
+	// operating system's; tests inject errors through it.
+	FS vfs.FS
+}
+
+// Store is the Pebble audit store. It is safe for concurrent use. After a
+// failed write it refuses reads and writes with ErrUnavailable until Recover
+// has reopened it.
+type Store struct {
+	dir  string
+	opts StoreOptions
+
+	mu     sync.RWMutex // write-held only to swap db
+	db     *pebble.DB
+	failed atomic.Pointer[error]
+}
+
+// OpenStore opens (or creates) the store in dir.
+func OpenStore(dir string, opts StoreOptions) (*Store, error) {
+	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
+	opts.FS = cmp.Or(opts.FS, vfs.Default)
+	s := &Store{dir: dir, opts: opts}
+	db, err := s.open()
+	if err != nil {
+		return nil, err
+	}
+	s.db = db
+	return s, nil
+}
+
+func (s *Store) open() (db *pebble.DB, err error) {
+	po := &pebble.Options{
+		FS:                 s.opts.FS,
+		FormatMajorVersion: pebble.FormatNewest,
+		Logger:             pebbleLogger{s.opts.Logger},
+	}
+	po.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
+	err = guard(func() error {
+		db, err = pebble.Open(s.dir, po)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open audit store %s: %w", s.dir, err)
+	}
+	return db, nil
+}
+
+// Dir returns the store's directory.
+func (s *Store) Dir() string { return s.dir }
+
+// Close closes the store.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.db == nil {
+		return nil
+	}
+	err := guard(s.db.Close)
+	s.db = nil
+	if err != nil && s.failed.Load() == nil {
+		return fmt.Errorf("close audit store: %w", err)
+	}
+	return nil
+}
+
+// Recover reopens a failed store: Pebble's commit pipeline does not survive
+// a write error, so the database is closed and opened again, replaying its
+// write-ahead log. It does nothing on a healthy store.
+func (s *Store) Recover() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed.Load() == nil {
+		return nil
+	}
+	if s.db != nil {
+		if err := guard(s.db.Close); err != nil {
+			s.opts.Logger.Debug("close failed audit store", "err", err)
+		}
+		s.db = nil
+	}
+	db, err := s.open()
+	if err != nil {
+		return err
+	}
+	s.db = db
+	s.failed.Store(nil)
+	return nil
+}
+
+// healthy returns the open database, or ErrUnavailable. The caller holds
+// s.mu for reading.
+func (s *Store) healthy() (*pebble.DB, error) {
+	if errp := s.failed.Load(); errp != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, *errp)
+	}
+	if s.db == nil {
+		return nil, fmt.Errorf("%w: closed", ErrUnavailable)
+	}
+	return s.db, nil
+}
+
+func (s *Store) fail(err error) {
+	s.failed.CompareAndSwap(nil, &err)
+}
+
+// Validate reports whether ev can be stored.
+func Validate(ev *wire.Event) error {
+	switch {
+	case ev.ID == "":
+		return fmt.Errorf("%w: no id", ErrInvalidEvent)
+	case ev.Type == "":
+		return fmt.Errorf("%w: no type", ErrInvalidEvent)
+	case ev.Time.IsZero():
+		return fmt.Errorf("%w: no time", ErrInvalidEvent)
+	case ev.Time.Year() < 1700 || ev.Time.Year() > 2200:
+		return fmt.Errorf("%w: time %s out of range", ErrInvalidEvent, ev.Time.Format(time.RFC3339))
+	}
+	for _, f := range []string{ev.ID, ev.TaskID, ev.ResourceID, ev.RouteID, ev.JobID, string(ev.Type), string(ev.Level)} {
+		if bytes.IndexByte([]byte(f), 0) >= 0 {
+			return fmt.Errorf("%w: a 0x00 byte in an id, type or level", ErrInvalidEvent)
+		}
+	}
+	return nil
+}
+
+// Write stores events in one batch committed with fsync and returns how
+// many were new: an event whose id (at its time) is already stored is
+// skipped, so a redelivered batch adds nothing. Payloads are redacted again
+// before they are stored. Every event must pass Validate. On a write error
+// the store is failed until Recover.
+func (s *Store) Write(events []wire.Event) (added int, err error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	db, err := s.healthy()
+	if err != nil {
+		return 0, err
+	}
+	b := db.NewBatch()
+	defer b.Close()
+	seen := make(map[string]struct{}, len(events))
+	for i := range events {
+		ev := &events[i]
+		if err := Validate(ev); err != nil {
+			return 0, err
+		}
+		wire.RedactEvent(ev)
+		pk := primaryKey(ev.Time, ev.ID)
+		if _, dup := seen[string(pk)]; dup {
+			continue
+		}
+		seen[string(pk)] = struct{}{}
+		exists, err := has(db, pk)
+		if err != nil {
+			s.fail(err)
+			return 0, fmt.Errorf("read audit store: %w", err)
+		}
+		if exists {
+			continue
+		}
+		val, err := json.Marshal(ev)
+		if err != nil {
+			return 0, fmt.Errorf("encode event %s: %w", ev.ID, err)
+		}
+		if err := b.Set(pk, val, nil); err != nil {
+			return 0, fmt.Errorf("batch event %s: %w", ev.ID, err)
+		}
+		suffix := pk[len(pk)-(8+len(ev.ID)):]
+		for _, ix := range indexesOf(ev) {
+			if err := b.Set(secondaryKey(ev.Time, ix.kind, ix.value, suffix), nil, nil); err != nil {
+				return 0, fmt.Errorf("batch event %s: %w", ev.ID, err)
+			}
+		}
+		added++
+	}
+	if added == 0 {
+		return 0, nil
+	}
+	if err := guard(func() error { return b.Commit(pebble.Sync) }); err != nil {
+		s.fail(err)
+		return 0, fmt.Errorf("commit audit batch: %w", err)
+	}
+	return added, nil
+}
+
+func has(db *pebble.DB, key []byte) (bool, error) {
+	var found bool
+	err := guard(func() error {
+		_, closer, err := db.Get(key)
+		if errors.Is(err, pebble.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		found = true
+		return closer.Close()
+	})
+	return found, err
+}
+
+// Query answers q: one page of matching events, oldest first, with a cursor
+// when more match. It reads the secondary index of the most selective
+// filter (task, resource, route, job, type, level, in that order) or, with
+// none, the events themselves, and checks the other filters on each event.
+func (s *Store) Query(q wire.AuditQuery) (wire.AuditPage, error) {
+	plan, err := planQuery(q)
+	if err != nil {
+		return wire.AuditPage{}, err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	db, err := s.healthy()
+	if err != nil {
+		return wire.AuditPage{}, err
+	}
+	page := wire.AuditPage{Events: []wire.Event{}}
+	err = guard(func() error { return plan.run(db, &page) })
+	if err != nil {
+		return wire.AuditPage{}, fmt.Errorf("query audit store: %w", err)
+	}
+	return page, nil
+}
+
+// queryPlan is a query resolved into key ranges.
+type queryPlan struct {
+	q          wire.AuditQuery
+	kind       byte
+	value      string
+	lowSuffix  []byte // inclusive lower bound of <time:8><id> within a group
+	highSuffix []byte // exclusive upper bound, nil for none
+	fromDay    uint32
+	toDay      uint32 // inclusive
+}
+
+func planQuery(q wire.AuditQuery) (*queryPlan, error) {
+	switch {
+	case q.Limit == 0:
+		q.Limit = DefaultLimit
+	case q.Limit < 0 || q.Limit > MaxLimit:
+		return nil, fmt.Errorf("%w: limit %d out of range 1..%d", ErrBadQuery, q.Limit, MaxLimit)
+	}
+	p := &queryPlan{q: q, kind: kindEvent, fromDay: 0, toDay: ^uint32(0)}
+	for _, ix := range []index{
+		{kindTask, q.TaskID}, {kindResource, q.ResourceID}, {kindRoute, q.RouteID},
+		{kindJob, q.JobID}, {kindType, string(q.Type)}, {kindLevel, string(q.Level)},
+	} {
+		if ix.value != "" {
+			if bytes.IndexByte([]byte(ix.value), 0) >= 0 {
+				return nil, fmt.Errorf("%w: a 0x00 byte in a filter", ErrBadQuery)
+			}
+			p.kind, p.value = ix.kind, ix.value
+			break
+		}
+	}
+	p.lowSuffix = []byte{}
+	if q.Since != nil {
+		if !inRange(*q.Since) {
+			return nil, fmt.Errorf("%w: since %s out of range", ErrBadQuery, q.Since.Format(time.RFC3339))
+		}
+		p.lowSuffix = timeBytes(*q.Since)
+		p.fromDay = dayOf(*q.Since)
+	}
+	if q.Until != nil {
+		if !inRange(*q.Until) {
+			return nil, fmt.Errorf("%w: until %s out of range", ErrBadQuery, q.Until.Format(time.RFC3339))
+		}
+		if q.Since != nil && !q.Until.After(*q.Since) {
+			return nil, fmt.Errorf("%w: until %s is not after since %s", ErrBadQuery,
+				q.Until.Format(time.RFC3339Nano), q.Since.Format(time.RFC3339Nano))
+		}
+		p.highSuffix = timeBytes(*q.Until)
+		p.toDay = dayOf(*q.Until)
+	}
+	if q.Cursor != "" {
+		c, err := base64.RawURLEncoding.DecodeString(q.Cursor)
+		if err != nil || len(c) <= 8 {
+			return nil, fmt.Errorf("%w: cursor %q is not one this service returned", ErrBadQuery, q.Cursor)
+		}
+		// Resume right after the cursor's (time, id).
+		after := append(c, 0)
+		if bytes.Compare(after, p.lowSuffix) > 0 {
+			p.lowSuffix = after
+			p.fromDay = dayOfBytes(c[:8])
+		}
+	}
+	return p, nil
+}
+
+func inRange(t time.Time) bool { return t.Year() >= 1700 && t.Year() <= 2200 }
+
+// run fills page, day by day, until the limit is reached.
+func (p *queryPlan) run(db *pebble.DB, page *wire.AuditPage) error {
+	days, err := db.NewIter(&pebble.IterOptions{LowerBound: dayPrefix(p.fromDay), UpperBound: dayUpper(p.toDay)})
+	if err != nil {
+		return err
+	}
+	defer days.Close()
+	var lastSuffix []byte
+	for valid := days.First(); valid; {
+		day := binary.BigEndian.Uint32(days.Key()[1:5])
+		more, err := p.scanDay(db, day, page, &lastSuffix)
+		if err != nil {
+			return err
+		}
+		if more {
+			page.Cursor = base64.RawURLEncoding.EncodeToString(lastSuffix)
+			return nil
+		}
+		if day == ^uint32(0) {
+			break
+		}
+		valid = days.SeekGE(dayPrefix(day + 1))
+	}
+	return days.Error()
+}
+
+// scanDay appends the day's matches to page. It reports true when it found
+// one more match than the page holds.
+func (p *queryPlan) scanDay(db *pebble.DB, day uint32, page *wire.AuditPage, lastSuffix *[]byte) (bool, error) {
+	group := groupPrefix(day, p.kind, p.value)
+	lower := append(append([]byte{}, group...), p.lowSuffix...)
+	upper := prefixEnd(group)
+	if p.highSuffix != nil {
+		upper = append(append([]byte{}, group...), p.highSuffix...)
+	}
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return false, err
+	}
+	defer it.Close()
+	for valid := it.First(); valid; valid = it.Next() {
+		suffix := it.Key()[len(group):]
+		var raw []byte
+		if p.kind == kindEvent {
+			if raw, err = it.ValueAndErr(); err != nil {
+				return false, err
+			}
+		} else {
+			v, closer, err := db.Get(primaryKeyFromSuffix(day, suffix))
+			if errors.Is(err, pebble.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return false, err
+			}
+			raw = append([]byte(nil), v...)
+			_ = closer.Close()
+		}
+		var ev wire.Event
+		if err := json.Unmarshal(raw, &ev); err != nil {
+			return false, fmt.Errorf("decode stored event %x: %w", suffix, err)
+		}
+		if !p.match(&ev) {
+			continue
+		}
+		if len(page.Events) == p.q.Limit {
+			return true, nil
+		}
+		page.Events = append(page.Events, ev)
+		*lastSuffix = append((*lastSuffix)[:0], suffix...)
+	}
+	return false, it.Error()
+}
+
+func (p *queryPlan) match(ev *wire.Event) bool {
+	q := &p.q
+	return (q.TaskID == "" || ev.TaskID == q.TaskID) &&
+		(q.ResourceID == "" || ev.ResourceID == q.ResourceID) &&
+		(q.RouteID == "" || ev.RouteID == q.RouteID) &&
+		(q.JobID == "" || ev.JobID == q.JobID) &&
+		(q.Type == "" || ev.Type == q.Type) &&
+		(q.Level == "" || ev.Level == q.Level)
+}
+
+// DeleteBefore removes every event older than cutoff and returns how many
+// it removed. Whole days before cutoff's day go with one range delete; the
+// events of cutoff's own day that are older than it are deleted one by one
+// with their index keys.
+func (s *Store) DeleteBefore(ctx context.Context, cutoff time.Time) (int, error) {
+	if !inRange(cutoff) {
+		return 0, nil
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	db, err := s.healthy()
+	if err != nil {
+		return 0, err
+	}
+	var removed int
+	err = guard(func() error {
+		day := dayOf(cutoff)
+		n, err := countEvents(db, dayPrefix(0), dayPrefix(day))
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			if err := db.DeleteRange(dayPrefix(0), dayPrefix(day), pebble.Sync); err != nil {
+				return err
+			}
+			removed += n
+		}
+		b := db.NewBatch()
+		defer b.Close()
+		group := groupPrefix(day, kindEvent, "")
+		it, err := db.NewIter(&pebble.IterOptions{LowerBound: group, UpperBound: append(append([]byte{}, group...), timeBytes(cutoff)...)})
+		if err != nil {
+			return err
+		}
+		defer it.Close()
+		for valid := it.First(); valid; valid = it.Next() {
+			raw, err := it.ValueAndErr()
+			if err != nil {
+				return err
+			}
+			var ev wire.Event
+			if err := json.Unmarshal(raw, &ev); err != nil {
+				return fmt.Errorf("decode stored event: %w", err)
+			}
+			suffix := it.Key()[len(group):]
+			if err := b.Delete(it.Key(), nil); err != nil {
+				return err
+			}
+			for _, ix := range indexesOf(&ev) {
+				if err := b.Delete(secondaryKey(ev.Time, ix.kind, ix.value, suffix), nil); err != nil {
+					return err
+				}
+			}
+			removed++
+		}
+		if err := it.Error(); err != nil {
+			return err
+		}
+		if !b.Empty() {
+			if err := b.Commit(pebble.Sync); err != nil {
+				return err
+			}
+		}
+		if n > 0 {
+			return db.Compact(ctx, dayPrefix(0), dayPrefix(day), false)
+		}
+		return nil
+	})
+	if err != nil {
+		return removed, fmt.Errorf("delete audit events before %s: %w", cutoff.Format(time.RFC3339), err)
+	}
+	return removed, nil
+}
+
+// countEvents counts the event records between the day prefixes lo and hi.
+func countEvents(db *pebble.DB, lo, hi []byte) (int, error) {
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return 0, err
+	}
+	defer it.Close()
+	n := 0
+	for valid := it.First(); valid; valid = it.Next() {
+		if k := it.Key(); len(k) > 5 && k[5] == kindEvent {
+			n++
+		}
+	}
+	return n, it.Error()
+}
+
+// Checkpoint writes a consistent copy of the store into dir, which must
+// not exist yet; the copy opens with OpenStore.
+func (s *Store) Checkpoint(dir string) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	db, err := s.healthy()
+	if err != nil {
+		return err
+	}
+	if err := guard(func() error { return db.Checkpoint(dir, pebble.WithFlushedWAL()) }); err != nil {
+		return fmt.Errorf("checkpoint audit store into %s: %w", dir, err)
+	}
+	return nil
+}
+
+// fatalError is what pebbleLogger.Fatalf panics with, so that guard can
+// turn Pebble's fatal errors (a failed commit) into errors.
+type fatalError struct{ msg string }
+
+func (f fatalError) Error() string { return f.msg }
+
+// guard runs f, turning a Pebble fatal error into an error.
+func guard(f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			fe, ok := r.(fatalError)
+			if !ok {
+				panic(r)
+			}
+			err = fe
+		}
+	}()
+	return f()
+}
+
+// pebbleLogger sends Pebble's messages to slog; Fatalf panics with a
+// fatalError instead of exiting.
+type pebbleLogger struct{ log *slog.Logger }
+
+func (l pebbleLogger) Infof(format string, args ...any) {
+	l.log.Debug("pebble", "msg", fmt.Sprintf(format, args...))
+}
+
+func (l pebbleLogger) Errorf(format string, args ...any) {
+	l.log.Error("pebble", "err", fmt.Sprintf(format, args...))
+}
+
+func (l pebbleLogger) Fatalf(format string, args ...any) {
+	panic(fatalError{msg: fmt.Sprintf(format, args...)})
+}
