@@ -105,7 +105,7 @@ func ValidID(id string) bool { return idPattern.MatchString(id) }
 
 func checkID(id string) error {
 	if !ValidID(id) {
-		return fmt.Errorf("resource id %q: want letters, digits, '-', '_', '/' or '='", id)
+		return fmt.Errorf("%w: resource id %q: want letters, digits, '-', '_', '/' or '='", ErrInvalid, id)
 	}
 	return nil
 }
@@ -114,7 +114,7 @@ func checkID(id string) error {
 // rounded up, at least 1 s.
 func LeaseTTL(ttl time.Duration) (time.Duration, error) {
 	if ttl <= 0 {
-		return 0, fmt.Errorf("lease ttl %v: want a positive duration", ttl)
+		return 0, fmt.Errorf("%w: lease ttl %v: want a positive duration", ErrInvalid, ttl)
 	}
 	return max(time.Second, (ttl+time.Second-1)/time.Second*time.Second), nil
 }
@@ -128,7 +128,7 @@ func (l *Leases) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		return wire.Lease{}, err
 	}
 	if owner == "" {
-		return wire.Lease{}, errors.New("acquire lease: owner is required")
+		return wire.Lease{}, fmt.Errorf("%w: acquire lease: owner is required", ErrInvalid)
 	}
 	ttl, err := LeaseTTL(ttl)
 	if err != nil {

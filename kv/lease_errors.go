@@ -27,6 +27,9 @@ var (
 	// ErrIllegalMove means a resource state move is not allowed; the error
 	// is an *IllegalMoveError naming from and to.
 	ErrIllegalMove = errors.New("illegal resource state move")
+	// ErrInvalid marks bad input: an id that cannot be a key, a TTL that
+	// is not positive, a missing owner or reason, an unknown policy.
+	ErrInvalid = errors.New("invalid input")
 )
 
 // ConflictError reports that a lease is held by another owner. It matches

@@ -41,7 +41,7 @@ func ParseReclaimPolicy(s string) (ReclaimPolicy, error) {
 	case ReclaimFault:
 		return ReclaimFault, nil
 	}
-	return "", fmt.Errorf("reclaim policy %q: want available or fault", s)
+	return "", fmt.Errorf("%w: reclaim policy %q: want available or fault", ErrInvalid, s)
 }
 
 // ResourceSpec declares a resource: what Add and the config file register.
@@ -251,7 +251,7 @@ func (r *Resources) SetState(ctx context.Context, id string, to wire.ResourceSta
 		return Resource{}, err
 	}
 	if reason == "" {
-		return Resource{}, errors.New("set resource state: a reason is required")
+		return Resource{}, fmt.Errorf("%w: set resource state: a reason is required", ErrInvalid)
 	}
 	res, _, err := r.change(ctx, id, reason, func(cur Resource) (Resource, error) {
 		if cur.State == to {

@@ -162,9 +162,13 @@ func (rh *ResourceHolder) Start(ctx context.Context) error {
 	if !rh.registered {
 		return nil
 	}
-	_, _, err := rh.r.change(ctx, rh.id, "started by "+rh.owner, func(cur Resource) (Resource, error) {
-		if cur.LeaseOwner != rh.owner {
-			return cur, fmt.Errorf("%w: resource %s is %s, no longer %s's", ErrLeaseLost, rh.id, cur.State, rh.owner)
+	return rh.r.start(ctx, rh.id, rh.owner)
+}
+
+func (r *Resources) start(ctx context.Context, id, owner string) error {
+	_, _, err := r.change(ctx, id, "started by "+owner, func(cur Resource) (Resource, error) {
+		if cur.LeaseOwner != owner {
+			return cur, fmt.Errorf("%w: resource %s is %s, no longer %s's", ErrLeaseLost, id, cur.State, owner)
 		}
 		if cur.State == wire.ResourceRunning {
 			return cur, errNoChange
@@ -174,7 +178,7 @@ func (rh *ResourceHolder) Start(ctx context.Context) error {
 		return next, nil
 	})
 	if err != nil {
-		return fmt.Errorf("start on resource %s: %w", rh.id, err)
+		return fmt.Errorf("start on resource %s: %w", id, err)
 	}
 	return nil
 }
@@ -183,37 +187,84 @@ func (rh *ResourceHolder) Start(ctx context.Context) error {
 // says (AVAILABLE, FAULT or COOLDOWN) and releases the lease (or hands it
 // to the cooldown). If the lease was lost, Finish changes nothing and
 // returns ErrLeaseLost: the keeper reclaims the resource. A resource an
-// operator moved meanwhile (say, DISABLED) keeps its state.
+// operator moved meanwhile (say, DISABLED) keeps its state. Calling it again
+// returns nil.
 func (rh *ResourceHolder) Finish(ctx context.Context, out Outcome) error {
+	lease, ok, err := rh.detach()
+	if !ok {
+		return err
+	}
+	return rh.r.finish(ctx, rh.id, rh.owner, lease, rh.registered, out)
+}
+
+// Detach stops the renewals and returns the lease, leaving it and the
+// resource's state as they are: the lease lapses after its TTL unless it is
+// renewed (Leases.Renew) or released (Resources.Release) by whoever keeps
+// it. `gantry lease acquire` uses it. Finish after Detach does nothing.
+func (rh *ResourceHolder) Detach() wire.Lease {
+	lease, _, _ := rh.detach()
+	return lease
+}
+
+// detach stops the renewals once; ok is false if the hold was already
+// ended, or lost (err is then ErrLeaseLost).
+func (rh *ResourceHolder) detach() (wire.Lease, bool, error) {
 	h := rh.h
 	h.stopRenewing()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.released {
-		return nil
+		return h.lease, false, nil
 	}
 	h.released = true
 	defer h.cancel(context.Canceled)
 	if err := h.Err(); errors.Is(err, ErrLeaseLost) {
+		return h.lease, false, err
+	}
+	return h.lease, true, nil
+}
+
+// Release ends a hold on lease that no Holder renews any more (see Detach),
+// as Finish with out would. The lease must still be current: otherwise
+// Release returns ErrLeaseLost (with a *ConflictError if another owner
+// holds it) and changes nothing.
+func (r *Resources) Release(ctx context.Context, lease wire.Lease, out Outcome) error {
+	if err := checkID(lease.Resource); err != nil {
 		return err
 	}
+	cur, err := r.leases.Get(ctx, lease.Resource)
+	if errors.Is(err, ErrNotFound) || (err == nil && cur.Revision != lease.Revision) {
+		return fmt.Errorf("release %s: %w", lease.Resource, r.leases.lost(ctx, "release", lease))
+	}
+	if err != nil {
+		return fmt.Errorf("release %s: %w", lease.Resource, err)
+	}
+	_, err = r.get(ctx, lease.Resource)
+	registered := err == nil
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("release %s: %w", lease.Resource, err)
+	}
+	return r.finish(ctx, lease.Resource, lease.Owner, lease, registered, out)
+}
+
+func (r *Resources) finish(ctx context.Context, id, owner string, lease wire.Lease, registered bool, out Outcome) error {
 	if out.Fault == nil && out.Cooldown > 0 {
-		return rh.cooldown(ctx, out.Cooldown)
+		return r.cooldown(ctx, id, owner, lease, registered, out.Cooldown)
 	}
 	var errs []error
-	if rh.registered {
+	if registered {
 		if out.Fault != nil {
 			// FAULT is reached from RUNNING only.
-			if err := rh.Start(ctx); err != nil && !errors.Is(err, ErrLeaseLost) {
+			if err := r.start(ctx, id, owner); err != nil && !errors.Is(err, ErrLeaseLost) {
 				errs = append(errs, err)
 			}
 		}
-		reason := "released by " + rh.owner
+		reason := "released by " + owner
 		if out.Fault != nil {
-			reason = "fault under " + rh.owner + ": " + out.Fault.Error()
+			reason = "fault under " + owner + ": " + out.Fault.Error()
 		}
-		_, _, err := rh.r.change(ctx, rh.id, reason, func(cur Resource) (Resource, error) {
-			if cur.LeaseOwner != rh.owner || (cur.State != wire.ResourceLeased && cur.State != wire.ResourceRunning) {
+		_, _, err := r.change(ctx, id, reason, func(cur Resource) (Resource, error) {
+			if cur.LeaseOwner != owner || (cur.State != wire.ResourceLeased && cur.State != wire.ResourceRunning) {
 				return cur, errNoChange
 			}
 			next := cur
@@ -226,10 +277,10 @@ func (rh *ResourceHolder) Finish(ctx context.Context, out Outcome) error {
 			return next, nil
 		})
 		if err != nil {
-			errs = append(errs, fmt.Errorf("finish on resource %s: %w", rh.id, err))
+			errs = append(errs, fmt.Errorf("finish on resource %s: %w", id, err))
 		}
 	}
-	if err := rh.r.leases.Release(ctx, h.lease); err != nil {
+	if err := r.leases.Release(ctx, lease); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -238,31 +289,30 @@ func (rh *ResourceHolder) Finish(ctx context.Context, out Outcome) error {
 // cooldown hands the lease to CooldownOwner for d, then moves the resource
 // to COOLDOWN. The lease goes first, so a keeper never sees a COOLDOWN
 // resource without its cooldown lease.
-func (rh *ResourceHolder) cooldown(ctx context.Context, d time.Duration) error {
+func (r *Resources) cooldown(ctx context.Context, id, owner string, lease wire.Lease, registered bool, d time.Duration) error {
 	d, err := LeaseTTL(d)
 	if err != nil {
 		return err
 	}
-	h := rh.h
-	if rh.registered {
-		if err := rh.Start(ctx); err != nil && !errors.Is(err, ErrLeaseLost) {
+	if registered {
+		if err := r.start(ctx, id, owner); err != nil && !errors.Is(err, ErrLeaseLost) {
 			return err
 		}
 	}
-	cl, err := rh.r.leases.write(ctx, h.lease, CooldownOwner(rh.owner), d)
+	cl, err := r.leases.write(ctx, lease, CooldownOwner(owner), d)
 	if err != nil {
-		return fmt.Errorf("cooldown on resource %s: %w", rh.id, err)
+		return fmt.Errorf("cooldown on resource %s: %w", id, err)
 	}
-	rh.r.leases.ev.emit(wire.Event{
-		Type: wire.EventResourceReleased, ResourceID: rh.id,
-		Message: fmt.Sprintf("%s released %s into a %v cooldown", rh.owner, rh.id, d),
-		Payload: audit.Payload(map[string]any{"owner": rh.owner, "cooldown": d.String(), "until": cl.ExpiresAt, "revision": cl.Revision}),
+	r.leases.ev.emit(wire.Event{
+		Type: wire.EventResourceReleased, ResourceID: id,
+		Message: fmt.Sprintf("%s released %s into a %v cooldown", owner, id, d),
+		Payload: audit.Payload(map[string]any{"owner": owner, "cooldown": d.String(), "until": cl.ExpiresAt, "revision": cl.Revision}),
 	})
-	if !rh.registered {
+	if !registered {
 		return nil
 	}
-	_, _, err = rh.r.change(ctx, rh.id, fmt.Sprintf("cooldown %v after %s", d, rh.owner), func(cur Resource) (Resource, error) {
-		if cur.LeaseOwner != rh.owner || cur.State != wire.ResourceRunning {
+	_, _, err = r.change(ctx, id, fmt.Sprintf("cooldown %v after %s", d, owner), func(cur Resource) (Resource, error) {
+		if cur.LeaseOwner != owner || cur.State != wire.ResourceRunning {
 			return cur, errNoChange
 		}
 		next := cur
@@ -273,7 +323,7 @@ func (rh *ResourceHolder) cooldown(ctx context.Context, d time.Duration) error {
 		return next, nil
 	})
 	if err != nil {
-		return fmt.Errorf("cooldown on resource %s: %w", rh.id, err)
+		return fmt.Errorf("cooldown on resource %s: %w", id, err)
 	}
 	return nil
 }

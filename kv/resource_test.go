@@ -248,3 +248,41 @@ func TestUnregisteredIsPlainLease(t *testing.T) {
 		t.Errorf("Get of a plain lease's id: err = %v, want ErrNotFound (no resource created)", err)
 	}
 }
+
+func TestDetachThenRelease(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	r := newResources(t, env)
+	ctx := leaseCtx(t)
+	if _, err := r.Add(ctx, kv.ResourceSpec{ID: "cam1"}); err != nil {
+		t.Fatal(err)
+	}
+	rh, err := r.Lease(ctx, "cam1", "w1", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := rh.Detach()
+	if err := rh.Finish(ctx, kv.Outcome{}); err != nil {
+		t.Errorf("Finish after Detach = %v, want nil", err)
+	}
+	if res := resourceOf(t, r, "cam1"); res.State != wire.ResourceLeased || res.LeaseOwner != "w1" {
+		t.Errorf("after Detach: %+v, want LEASED by w1 kept", res.Resource)
+	}
+	stale := lease
+	stale.Revision++
+	if err := r.Release(ctx, stale, kv.Outcome{}); !errors.Is(err, kv.ErrLeaseLost) {
+		t.Errorf("Release at a wrong revision: err = %v, want ErrLeaseLost", err)
+	}
+	if res := resourceOf(t, r, "cam1"); res.State != wire.ResourceLeased {
+		t.Errorf("after a refused Release: %s, want LEASED", res.State)
+	}
+	if err := r.Release(ctx, lease, kv.Outcome{}); err != nil {
+		t.Fatal(err)
+	}
+	if res := resourceOf(t, r, "cam1"); res.State != wire.ResourceAvailable || res.LeaseOwner != "" {
+		t.Errorf("after Release: %+v, want AVAILABLE", res.Resource)
+	}
+	if _, err := r.Leases().Get(ctx, "cam1"); !errors.Is(err, kv.ErrNotFound) {
+		t.Errorf("lease after Release: err = %v, want ErrNotFound", err)
+	}
+}
