@@ -23,6 +23,16 @@ import (
 // at all: no config names one, so waiting would not help.
 var ErrNoRoutes = errors.New("no egress routes configured")
 
+// permanentRouteError marks an error that waiting does not cure (an unknown
+// route, no routes at all): workers send the task to NEEDS_REVIEW.
+type permanentRouteError struct{ err error }
+
+func (e *permanentRouteError) Error() string { return e.err.Error() }
+func (e *permanentRouteError) Unwrap() error { return e.err }
+
+// Permanent reports true: retrying does not help.
+func (e *permanentRouteError) Permanent() bool { return true }
+
 // RouteUnavailableError says that the route asked for (or, for "auto",
 // every route) cannot take traffic now. It is a delayed retry: RetryAfter
 // tells when to try again, the end of the route's cooldown when known.
@@ -96,11 +106,15 @@ func NewRoutePicker(ctx context.Context, cfg RoutePickerConfig, nc *nats.Conn, j
 // Pick returns the route to send traffic through: for "auto" the
 // AVAILABLE route with the best score (ties: lower latency, then id), for
 // an id that route if it is AVAILABLE. An unavailable route is a
-// *RouteUnavailableError; an unknown id wraps ErrRouteNotFound; "auto"
-// with no route at all is ErrNoRoutes.
+// *RouteUnavailableError; an unknown id wraps ErrRouteNotFound and "auto"
+// with no route at all wraps ErrNoRoutes, both with a Permanent() method
+// that reports true.
 func (p *RoutePicker) Pick(ctx context.Context, route string) (wire.Route, error) {
 	if route != wire.RouteAuto {
 		r, _, err := p.store.Get(ctx, route)
+		if errors.Is(err, ErrRouteNotFound) {
+			return wire.Route{}, &permanentRouteError{err}
+		}
 		if err != nil {
 			return wire.Route{}, err
 		}
@@ -114,7 +128,7 @@ func (p *RoutePicker) Pick(ctx context.Context, route string) (wire.Route, error
 		return wire.Route{}, err
 	}
 	if len(all) == 0 {
-		return wire.Route{}, ErrNoRoutes
+		return wire.Route{}, &permanentRouteError{ErrNoRoutes}
 	}
 	var best *wire.Route
 	wait := time.Duration(0)

@@ -262,8 +262,10 @@ func TestPickAutoAvoidsCooldown(t *testing.T) {
 	if _, err := pe.pick.Pick(ctx, "off"); !errors.As(err, &ue) || ue.RetryAfter() != 45*time.Second {
 		t.Errorf("Pick(off) = %v, want a retry in the configured 45s", err)
 	}
-	if _, err := pe.pick.Pick(ctx, "nope"); !errors.Is(err, ErrRouteNotFound) {
-		t.Errorf("Pick(nope) = %v, want ErrRouteNotFound", err)
+	_, err = pe.pick.Pick(ctx, "nope")
+	var perm interface{ Permanent() bool }
+	if !errors.Is(err, ErrRouteNotFound) || !errors.As(err, &perm) || !perm.Permanent() {
+		t.Errorf("Pick(nope) = %v, want a permanent ErrRouteNotFound", err)
 	}
 
 	pe.put(t, wire.Route{ID: "healthy", State: wire.RouteCooldown, Score: 20, Proxy: healthy.URL(), CooldownUntil: &until})

@@ -39,11 +39,13 @@ type Proxy struct {
 	user  string
 	pass  string
 
-	tunnels atomic.Int64
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	conns   map[net.Conn]struct{}
-	done    chan struct{}
+	tunnels  atomic.Int64
+	requests atomic.Int64
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+	targets  map[string]int64
+	done     chan struct{}
 }
 
 // Option configures a Proxy.
@@ -61,7 +63,7 @@ func Start(t testing.TB, kind Kind, opts ...Option) *Proxy {
 	if err != nil {
 		t.Fatalf("proxy listen: %v", err)
 	}
-	p := &Proxy{kind: kind, ln: ln, conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
+	p := &Proxy{kind: kind, ln: ln, conns: map[net.Conn]struct{}{}, targets: map[string]int64{}, done: make(chan struct{})}
 	for _, o := range opts {
 		o(p)
 	}
@@ -100,6 +102,25 @@ func (p *Proxy) SetDeny(on bool) { p.deny.Store(on) }
 
 // Tunnels returns how many tunnels the proxy has opened to a target.
 func (p *Proxy) Tunnels() int64 { return p.tunnels.Load() }
+
+// TunnelsTo returns how many tunnels the proxy has opened to addr
+// (host:port as the client asked for it).
+func (p *Proxy) TunnelsTo(addr string) int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.targets[addr]
+}
+
+// Requests returns how many connections have reached the proxy, whether or
+// not it opened a tunnel for them.
+func (p *Proxy) Requests() int64 { return p.requests.Load() }
+
+func (p *Proxy) opened(target string) {
+	p.tunnels.Add(1)
+	p.mu.Lock()
+	p.targets[target]++
+	p.mu.Unlock()
+}
 
 // Close stops the proxy and every connection through it, and waits for its
 // goroutines. It is idempotent.
@@ -150,6 +171,7 @@ func (p *Proxy) serve() {
 		if !p.track(c) {
 			continue
 		}
+		p.requests.Add(1)
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
@@ -222,7 +244,7 @@ func (p *Proxy) connect(c net.Conn) {
 		_, _ = io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
 		return
 	}
-	p.tunnels.Add(1)
+	p.opened(req.Host)
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
 		_ = up.Close()
 		return
@@ -283,7 +305,7 @@ func (p *Proxy) socks(c net.Conn) {
 		_ = reply(5)
 		return
 	}
-	p.tunnels.Add(1)
+	p.opened(target)
 	if err := reply(0); err != nil {
 		_ = up.Close()
 		return
