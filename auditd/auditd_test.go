@@ -1,0 +1,487 @@
+package auditd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/clock"
+)
+
+// startService runs a sink on env until the test ends and waits until it is
+// ready.
+func startService(t *testing.T, env *brokertest.Env, cfg Config) *Service {
+	t.Helper()
+	cfg.Logger = env.Log.With("component", "auditd")
+	s, err := New(cfg, env.NC)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(context.Background()) }()
+	t.Cleanup(func() {
+		s.Stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run = %v, want nil after Stop", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return within 10s of Stop")
+		}
+	})
+	select {
+	case <-s.Ready():
+	case err := <-done:
+		t.Fatalf("Run returned before ready: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("not ready within 20s")
+	}
+	return s
+}
+
+// publish publishes raw events (no emitter) on their subjects.
+func publish(t *testing.T, js jetstream.JetStream, evs []wire.Event) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, ev := range evs {
+		data, err := json.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.PublishAsync(ev.Type.Subject(), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		t.Fatal("publish did not complete")
+	}
+}
+
+// eventually polls cond until it holds or 20 s pass.
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still %s after 20s", what, state)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// serviceQueryAll pages through the NATS service.
+func serviceQueryAll(t *testing.T, nc *nats.Conn, q wire.AuditQuery) []wire.Event {
+	t.Helper()
+	all, err := tryServiceQueryAll(nc, q)
+	if err != nil {
+		t.Fatalf("Query(%+v): %v", q, err)
+	}
+	return all
+}
+
+func tryServiceQueryAll(nc *nats.Conn, q wire.AuditQuery) ([]wire.Event, error) {
+	var all []wire.Event
+	for range 1000 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		page, err := Query(ctx, nc, q)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, page.Events...)
+		if page.Cursor == "" {
+			return all, nil
+		}
+		q.Cursor = page.Cursor
+	}
+	return nil, errors.New("cursor never ended")
+}
+
+// waitStored waits until the service answers with n events; a failed store
+// answering 503 in between counts as not yet.
+func waitStored(t *testing.T, nc *nats.Conn, n int) {
+	t.Helper()
+	eventually(t, "events stored", func() (bool, string) {
+		all, err := tryServiceQueryAll(nc, wire.AuditQuery{Limit: MaxLimit})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(all) == n, fmt.Sprintf("%d stored, want %d", len(all), n)
+	})
+}
+
+func TestServiceIngestsAndAnswersQueries(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	startService(t, env, Config{Dir: filepath.Join(t.TempDir(), "audit")})
+
+	em := audit.NewEmitter(env.JS, "workers", nil)
+	ctx := context.Background()
+	for i := range 40 {
+		ev := wire.Event{Type: wire.EventTaskStarted, TaskID: fmt.Sprintf("task-%d", i%4), ResourceID: "cam1",
+			Payload: audit.Payload(map[string]any{"attempt": i, "Env": map[string]any{"API_TOKEN": "s3cret"}})}
+		if i%10 == 9 {
+			ev.Type, ev.Level = wire.EventTaskFinished, wire.LevelWarn
+		}
+		if err := em.Emit(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStored(t, env.NC, 40)
+
+	// Several machines: a second host's events land in the same store.
+	other := testEvents(5)
+	for i := range other {
+		other[i].Host = "pc-2"
+		other[i].TaskID = "remote-" + other[i].TaskID
+		other[i].Time = time.Now().Add(time.Duration(i) * time.Millisecond)
+	}
+	publish(t, env.JS, other)
+	waitStored(t, env.NC, 45)
+
+	got := serviceQueryAll(t, env.NC, wire.AuditQuery{TaskID: "task-1", Limit: 3})
+	if len(got) != 10 {
+		t.Errorf("task-1 has %d events through the service, want 10", len(got))
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i].Time.Before(got[i-1].Time) {
+			t.Errorf("events out of order: %s before %s", got[i-1].Time, got[i].Time)
+		}
+	}
+	if fin := serviceQueryAll(t, env.NC, wire.AuditQuery{Type: wire.EventTaskFinished, Level: wire.LevelWarn}); len(fin) != 4 {
+		t.Errorf("TASK_FINISHED warn events = %d, want 4", len(fin))
+	}
+	var p struct{ Env map[string]string }
+	if err := json.Unmarshal(got[0].Payload, &p); err != nil || p.Env["API_TOKEN"] != wire.Redacted {
+		t.Errorf("payload Env = %v (%v), want API_TOKEN redacted", p.Env, err)
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := Query(ctx, env.NC, wire.AuditQuery{Limit: MaxLimit + 1})
+	var se *ServiceError
+	if !errors.As(err, &se) || se.Code != "400" {
+		t.Errorf("Query with a bad limit = %v, want a 400 service error", err)
+	}
+	var stats wire.AuditStats
+	if err := Request(ctx, env.NC, wire.SubjectAuditStats, struct{}{}, &stats); err != nil {
+		t.Fatal(err)
+	}
+	if stats.Stored != 45 || stats.Retention != DefaultRetention.String() {
+		t.Errorf("stats = %+v, want 45 stored and the default retention", stats)
+	}
+}
+
+func TestServiceIsDiscoverable(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	startService(t, env, Config{Dir: filepath.Join(t.TempDir(), "audit")})
+	// `nats micro ls` sends a PING to $SRV.PING and lists the answers.
+	msg, err := env.NC.Request("$SRV.INFO."+wire.AuditServiceName, nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("service info: %v", err)
+	}
+	var info struct {
+		Name      string `json:"name"`
+		Endpoints []struct {
+			Subject string `json:"subject"`
+		} `json:"endpoints"`
+	}
+	if err := json.Unmarshal(msg.Data, &info); err != nil {
+		t.Fatal(err)
+	}
+	var subjects []string
+	for _, e := range info.Endpoints {
+		subjects = append(subjects, e.Subject)
+	}
+	slices.Sort(subjects)
+	want := []string{wire.SubjectAuditBackup, wire.SubjectAuditQuery, wire.SubjectAuditStats}
+	if info.Name != wire.AuditServiceName || !slices.Equal(subjects, want) {
+		t.Errorf("service %q endpoints %v, want %q with %v", info.Name, subjects, wire.AuditServiceName, want)
+	}
+}
+
+func TestServiceEventsSurviveRestart(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	dir := filepath.Join(t.TempDir(), "audit")
+	evs := testEvents(100)
+
+	s, err := New(Config{Dir: dir, Logger: env.Log}, env.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(context.Background()) }()
+	<-s.Ready()
+	publish(t, env.JS, evs[:60])
+	waitStored(t, env.NC, 60)
+	s.Stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+
+	// Published while no sink runs: the durable consumer keeps them.
+	publish(t, env.JS, evs[60:])
+	startService(t, env, Config{Dir: dir})
+	waitStored(t, env.NC, 100)
+	if got := ids(serviceQueryAll(t, env.NC, wire.AuditQuery{Limit: 17})); !slices.Equal(got, ids(evs)) {
+		t.Errorf("after restart got %d events, want the %d in order", len(got), len(evs))
+	}
+}
+
+func TestServiceRedeliveryDoesNotDuplicate(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	dir := filepath.Join(t.TempDir(), "audit")
+	evs := testEvents(50)
+	publish(t, env.JS, evs)
+	// The same events again (a producer retrying without Nats-Msg-Id).
+	publish(t, env.JS, evs[:20])
+	s := startService(t, env, Config{Dir: dir})
+	eventually(t, "stream consumed", func() (bool, string) {
+		st := s.Stats()
+		return st.Stored+st.Duplicates == 70, fmt.Sprintf("%+v", st)
+	})
+	if st := s.Stats(); st.Stored != 50 || st.Duplicates != 20 {
+		t.Errorf("stats = %+v, want 50 stored and 20 duplicates", st)
+	}
+	// Every message delivered again from the start: still nothing new.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cons, err := env.JS.OrderedConsumer(ctx, wire.StreamAudit, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(70)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var again []wire.Event
+	for m := range batch.Messages() {
+		var ev wire.Event
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			t.Fatal(err)
+		}
+		again = append(again, ev)
+	}
+	n, err := s.store.Write(again)
+	if err != nil || n != 0 {
+		t.Errorf("rewriting all %d delivered events added %d (%v), want 0", len(again), n, err)
+	}
+	if got := serviceQueryAll(t, env.NC, wire.AuditQuery{Limit: MaxLimit}); len(got) != 50 {
+		t.Errorf("stored %d events, want 50", len(got))
+	}
+}
+
+func TestServiceSkipsMalformedEvents(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	s := startService(t, env, Config{Dir: filepath.Join(t.TempDir(), "audit")})
+	evs := testEvents(10)
+	publish(t, env.JS, evs[:5])
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, body := range []string{`not json`, `{"id":"x"}`, `{"id":"","type":"TASK_CREATED","time":"2026-11-30T00:00:00Z"}`} {
+		if _, err := env.JS.Publish(ctx, "gantry.audit.task.created", []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(t, env.JS, evs[5:])
+	eventually(t, "all messages handled", func() (bool, string) {
+		st := s.Stats()
+		return st.Stored == 13 && st.Malformed == 3, fmt.Sprintf("%+v", st)
+	})
+	if got := serviceQueryAll(t, env.NC, wire.AuditQuery{Type: wire.EventAuditMalformed}); len(got) != 3 {
+		t.Errorf("AUDIT_MALFORMED records = %d, want 3", len(got))
+	} else if !json.Valid(got[0].Payload) || got[0].Level != wire.LevelWarn {
+		t.Errorf("malformed record = %+v, want a warn with a payload", got[0])
+	}
+	if got := ids(serviceQueryAll(t, env.NC, wire.AuditQuery{Type: wire.EventTaskCreated})); len(got) != len(want(evs, func(e *wire.Event) bool { return e.Type == wire.EventTaskCreated })) {
+		t.Errorf("valid TASK_CREATED events after the malformed ones = %d", len(got))
+	}
+	eventually(t, "everything acknowledged", func() (bool, string) {
+		info, err := env.JS.Consumer(context.Background(), wire.StreamAudit, DefaultConsumer)
+		if err != nil {
+			return false, err.Error()
+		}
+		ci, err := info.Info(context.Background())
+		if err != nil {
+			return false, err.Error()
+		}
+		return ci.NumAckPending == 0 && ci.NumPending == 0, fmt.Sprintf("ack pending %d, pending %d", ci.NumAckPending, ci.NumPending)
+	})
+}
+
+func TestServiceWriteErrorLosesNothing(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	toggle := &errorfs.Toggle{Injector: errorfs.ErrInjected.If(errorfs.Writes)}
+	s := startService(t, env, Config{
+		Dir: filepath.Join(t.TempDir(), "audit"), FS: errorfs.Wrap(vfs.Default, toggle),
+		RetryDelay: 20 * time.Millisecond, MaxRetryDelay: 100 * time.Millisecond,
+	})
+	evs := testEvents(300)
+	publish(t, env.JS, evs[:100])
+	waitStored(t, env.NC, 100)
+
+	toggle.On()
+	publish(t, env.JS, evs[100:200])
+	eventually(t, "write errors", func() (bool, string) {
+		st := s.Stats()
+		return st.WriteErrors >= 3, fmt.Sprintf("%+v", st)
+	})
+	ci := consumerInfo(t, env.JS)
+	if ci.NumAckPending == 0 {
+		t.Errorf("ack pending = 0 while the disk fails, want the unwritten events unacknowledged")
+	}
+	if ci.AckFloor.Stream > 100 {
+		t.Errorf("ack floor = %d while the disk fails, want at most 100 (only what was written)", ci.AckFloor.Stream)
+	}
+	publish(t, env.JS, evs[200:])
+
+	toggle.Off()
+	waitStored(t, env.NC, 300)
+	if got := ids(serviceQueryAll(t, env.NC, wire.AuditQuery{Limit: 1000})); !slices.Equal(got, ids(evs)) {
+		t.Errorf("after the disk recovered got %d events, want all %d in order", len(got), len(evs))
+	}
+	eventually(t, "everything acknowledged", func() (bool, string) {
+		ci := consumerInfo(t, env.JS)
+		return ci.NumAckPending == 0 && ci.NumPending == 0, fmt.Sprintf("ack pending %d, pending %d", ci.NumAckPending, ci.NumPending)
+	})
+}
+
+func consumerInfo(t *testing.T, js jetstream.JetStream) *jetstream.ConsumerInfo {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := js.Consumer(ctx, wire.StreamAudit, DefaultConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ci, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ci
+}
+
+func TestServiceRetention(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	now := time.Now().UTC()
+	clk := clock.NewFake(now)
+	s := startService(t, env, Config{
+		Dir: filepath.Join(t.TempDir(), "audit"), Retention: 24 * time.Hour,
+		RetentionInterval: time.Hour, Clock: clk,
+	})
+	evs := testEvents(60)
+	for i := range evs {
+		// From 50 h ago to 1 h ago.
+		evs[i].Time = now.Add(-50*time.Hour + time.Duration(i)*49*time.Minute)
+	}
+	publish(t, env.JS, evs)
+	waitStored(t, env.NC, 60)
+
+	// Once the events are in, an hour passes and retention runs.
+	eventually(t, "retention timer armed", func() (bool, string) { return clk.Timers() > 0, "no timer" })
+	clk.Advance(time.Hour)
+	cutoff := now.Add(time.Hour - 24*time.Hour)
+	kept := want(evs, func(e *wire.Event) bool { return !e.Time.Before(cutoff) })
+	eventually(t, "old events removed", func() (bool, string) {
+		got := len(serviceQueryAll(t, env.NC, wire.AuditQuery{Limit: MaxLimit}))
+		return got == len(kept), fmt.Sprintf("%d stored, want %d", got, len(kept))
+	})
+	if got := ids(serviceQueryAll(t, env.NC, wire.AuditQuery{Limit: MaxLimit})); !slices.Equal(got, kept) {
+		t.Errorf("after retention got %v, want %v", got, kept)
+	}
+	if st := s.Stats(); st.Expired != uint64(len(evs)-len(kept)) {
+		t.Errorf("expired = %d, want %d", st.Expired, len(evs)-len(kept))
+	}
+}
+
+func TestServiceBackup(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	startService(t, env, Config{Dir: filepath.Join(t.TempDir(), "audit")})
+	evs := testEvents(250)
+	publish(t, env.JS, evs)
+	waitStored(t, env.NC, 250)
+
+	dir := filepath.Join(t.TempDir(), "backup")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reply, err := Backup(ctx, env.NC, dir)
+	if err != nil {
+		t.Fatalf("Backup: %v", err)
+	}
+	if len(reply.Files) == 0 {
+		t.Fatal("backup has no files")
+	}
+	if _, err := Backup(ctx, env.NC, dir); err == nil {
+		t.Error("Backup into a non-empty dir = nil, want an error")
+	}
+	b := openTestStore(t, dir)
+	for _, q := range []wire.AuditQuery{{Limit: 1000}, {TaskID: "task-3"}, {ResourceID: "cam1", Level: wire.LevelWarn}} {
+		got := ids(queryAll(t, b, q))
+		w := ids(serviceQueryAll(t, env.NC, q))
+		if len(got) == 0 || !slices.Equal(got, w) {
+			t.Errorf("backup answers %+v with %d events, want the live store's %d", q, len(got), len(w))
+		}
+	}
+	// The hand-over objects are gone.
+	obs, err := env.JS.ObjectStore(ctx, wire.BucketAuditBackups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list, err := obs.List(ctx); !errors.Is(err, jetstream.ErrNoObjectsFound) {
+		t.Errorf("backup bucket after fetch holds %d objects (%v), want none", len(list), err)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	for name, cfg := range map[string]Config{
+		"no dir":             {},
+		"negative retention": {Dir: "x", Retention: -time.Hour},
+		"short ack wait":     {Dir: "x", AckWait: time.Millisecond},
+	} {
+		if _, err := New(cfg, env.NC); err == nil {
+			t.Errorf("%s: New = nil error, want one", name)
+		}
+	}
+	s, err := New(Config{Dir: filepath.Join(t.TempDir(), "audit"), Retention: KeepForever}, env.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Stop()
+	s.Stop()
+	if st := s.Stats(); st.Retention != "0s" {
+		t.Errorf("retention = %s, want 0s for KeepForever", st.Retention)
+	}
+	if err := s.Run(context.Background()); err != nil {
+		t.Errorf("Run after Stop = %v, want nil", err)
+	}
+}
