@@ -61,6 +61,8 @@ Start everything in one process with 'gantry run'.`,
 		a.runCommand(),
 		a.brokerCommand(),
 		a.versionCommand(),
+		a.healthdCommand(),
+		a.routeCommand(),
 	)
 	return root
 }

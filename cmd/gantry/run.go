@@ -52,5 +52,17 @@ func (a *app) run(ctx context.Context, sf *serverFlags) error {
 		return err
 	}
 
+	// healthd: probes the config's egress routes, keeps their health in
+	// gantry_routes and answers 'gantry route probe'.
+	hdConn, hdJS, err := p.connect(b, "healthd")
+	if err != nil {
+		return err
+	}
+	hd, err := newHealthd(cfg, log, hdConn, hdJS)
+	if err != nil {
+		return err
+	}
+	p.addActor("healthd", hd)
+
 	return p.run()
 }
