@@ -61,6 +61,8 @@ Start everything in one process with 'gantry run'.`,
 		a.runCommand(),
 		a.brokerCommand(),
 		a.versionCommand(),
+		a.auditCommand(),
+		a.auditdCommand(),
 		a.healthdCommand(),
 		a.routeCommand(),
 	)

@@ -18,6 +18,7 @@ every component runs. SIGINT or SIGTERM drains and stops it.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd.Context(), &sf) },
 	}
 	sf.register(cmd)
+	sf.audit.register(cmd.Flags())
 	return cmd
 }
 
@@ -63,6 +64,16 @@ func (a *app) run(ctx context.Context, sf *serverFlags) error {
 		return err
 	}
 	p.addActor("healthd", hd)
+
+	// auditd: every audit event into the Pebble store under <data>/audit,
+	// the gantry-audit query/backup service, retention (--audit-retention).
+	auditConn, _, err := p.connect(b, "auditd")
+	if err != nil {
+		return err
+	}
+	if err := p.addAuditd(auditConn, sf.dataDir, &sf.audit); err != nil {
+		return err
+	}
 
 	return p.run()
 }

@@ -24,6 +24,7 @@ type serverFlags struct {
 	httpListen   string
 	sync         string
 	syncInterval time.Duration
+	audit        auditdFlags // gantry run only
 }
 
 func (s *serverFlags) register(cmd *cobra.Command) {

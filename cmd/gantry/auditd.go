@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/gantry-dev/gantry/auditd"
+)
+
+// auditdFlags are the audit store's flags, on `gantry auditd` and
+// `gantry run`.
+type auditdFlags struct {
+	retention retentionValue
+}
+
+func (f *auditdFlags) register(fs *pflag.FlagSet) {
+	f.retention = retentionValue(auditd.DefaultRetention)
+	fs.Var(&f.retention, "audit-retention",
+		"how long the audit store keeps an event, by the event's time (e.g. 90d, 36h); 0 keeps every event forever")
+}
+
+// config returns the sink's configuration for the store in dir.
+func (f *auditdFlags) config(dir string, log *slog.Logger) auditd.Config {
+	ret := time.Duration(f.retention)
+	if ret == 0 {
+		ret = auditd.KeepForever
+	}
+	return auditd.Config{Dir: dir, Retention: ret, Logger: log.With("component", "auditd")}
+}
+
+// retentionValue is a duration flag that also takes days ("30d").
+type retentionValue time.Duration
+
+func (r *retentionValue) String() string {
+	d := time.Duration(*r)
+	if d > 0 && d%(24*time.Hour) == 0 {
+		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+	}
+	return d.String()
+}
+
+func (r *retentionValue) Set(s string) error {
+	var d time.Duration
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.ParseUint(days, 10, 32)
+		if err != nil {
+			return fmt.Errorf("%q: want a Go duration (36h) or whole days (30d)", s)
+		}
+		d = time.Duration(n) * 24 * time.Hour
+	} else {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil {
+			return fmt.Errorf("%q: want a Go duration (36h) or whole days (30d)", s)
+		}
+	}
+	if d < 0 {
+		return fmt.Errorf("%q: want a duration of 0 or more", s)
+	}
+	*r = retentionValue(d)
+	return nil
+}
+
+func (r *retentionValue) Type() string { return "duration" }
+
+// auditStoreDir is where the audit store lives under a data dir.
+func auditStoreDir(dataDir string) string { return filepath.Join(dataDir, "audit") }
+
+func (a *app) auditdCommand() *cobra.Command {
+	var (
+		af      auditdFlags
+		dataDir string
+	)
+	cmd := &cobra.Command{
+		Use:   "auditd",
+		Short: "Run the audit store alone, connected to a broker with --server",
+		Long: `Auditd runs only the audit store: a durable consumer on the GANTRY_AUDIT
+stream writes every event, from every machine, into a Pebble store under
+<data>/audit, and the NATS service gantry-audit answers 'gantry audit query'
+and 'gantry audit backup' from any machine. Events older than
+--audit-retention are removed. Run one auditd per system: two would split
+the events between their stores.
+
+'gantry run' includes it; use this command when the system is split across
+machines.`,
+		Example: `  gantry auditd --server nats://broker-host:4222 --data /var/lib/gantry --audit-retention 90d`,
+		Args:    exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.auditd(cmd.Context(), dataDir, &af)
+		},
+	}
+	cmd.Flags().StringVar(&dataDir, "data", defaultDataDir(), "data directory; the audit store is <data>/audit")
+	af.register(cmd.Flags())
+	return cmd
+}
+
+func (a *app) auditd(ctx context.Context, dataDir string, af *auditdFlags) error {
+	log, err := a.logger()
+	if err != nil {
+		return err
+	}
+	nc, _, err := a.client.connect("gantry-auditd", nats.MaxReconnects(-1))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	svc, err := auditd.New(af.config(auditStoreDir(dataDir), log), nc)
+	if err != nil {
+		return err
+	}
+	p := newProcess(log)
+	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "audit_dir", auditStoreDir(dataDir))
+	p.addSignals(ctx)
+	p.addActor("auditd", svc)
+	err = p.run()
+	_ = nc.Drain()
+	return err
+}
+
+// addAuditd adds the audit store, under dataDir, to a process.
+func (p *process) addAuditd(nc *nats.Conn, dataDir string, af *auditdFlags) error {
+	svc, err := auditd.New(af.config(auditStoreDir(dataDir), p.log), nc)
+	if err != nil {
+		return err
+	}
+	p.addActor("auditd", svc)
+	return nil
+}
