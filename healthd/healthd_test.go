@@ -360,7 +360,19 @@ func TestReportsCountAndAutoAvoidsCooldown(t *testing.T) {
 		t.Errorf("flaky = %+v, want score 25, 3 failures, 3 recent timeouts, kind timeout", r)
 	}
 
-	// route auto now goes through healthy, never flaky.
+	// The picker's view follows the bucket within moments; from then on
+	// route auto goes through healthy, never flaky.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r, err := picker.Pick(context.Background(), wire.RouteAuto)
+		if err == nil && r.ID == "healthy" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Pick(auto) = %q, %v; want healthy", r.ID, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	target := strings.TrimPrefix(taskSite.URL, "http://")
 	for range 5 {
 		rt, id, err := picker.Transport(context.Background(), wire.RouteAuto)

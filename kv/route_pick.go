@@ -74,7 +74,10 @@ type RoutePickerConfig struct {
 
 // RoutePicker gives http tasks a transport through an egress route, picked
 // from gantry_routes by state and score, and reports failed real traffic
-// back to healthd. It is safe for concurrent use.
+// back to healthd. It picks from a live view of the bucket kept by a watch
+// (no round trip per task; a change shows within milliseconds), reading
+// the bucket only for a route the view does not hold. It is safe for concurrent use; Close it when
+// done.
 type RoutePicker struct {
 	cfg   RoutePickerConfig
 	store *RouteStore
@@ -82,6 +85,15 @@ type RoutePicker struct {
 
 	mu         sync.Mutex
 	transports map[string]*http.Transport
+
+	// watch keeps cache, the live view of gantry_routes "auto" picks from.
+	watch     jetstream.KeyWatcher
+	stopWatch context.CancelFunc
+	followed  chan struct{}
+	cacheMu   sync.RWMutex
+	cache     map[string]wire.Route
+	cacheLive bool
+	closeOnce sync.Once
 }
 
 // NewRoutePicker returns a picker reading gantry_routes through js and
@@ -100,7 +112,98 @@ func NewRoutePicker(ctx context.Context, cfg RoutePickerConfig, nc *nats.Conn, j
 	if err != nil {
 		return nil, err
 	}
-	return &RoutePicker{cfg: cfg, store: store, nc: nc, transports: map[string]*http.Transport{}}, nil
+	p := &RoutePicker{
+		cfg: cfg, store: store, nc: nc, transports: map[string]*http.Transport{},
+		cache: map[string]wire.Route{}, followed: make(chan struct{}),
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	w, err := store.kv.WatchAll(wctx)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("watch bucket %s: %w", wire.BucketRoutes, err)
+	}
+	p.watch, p.stopWatch = w, cancel
+	for initial := true; initial; {
+		select {
+		case <-ctx.Done():
+			_ = w.Stop()
+			cancel()
+			return nil, fmt.Errorf("watch bucket %s: %w", wire.BucketRoutes, ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				cancel()
+				return nil, fmt.Errorf("watch bucket %s: closed", wire.BucketRoutes)
+			}
+			if e == nil {
+				initial = false
+				break
+			}
+			p.apply(e)
+		}
+	}
+	p.cacheLive = true
+	go p.follow()
+	return p, nil
+}
+
+// follow keeps the cache current until the watch ends.
+func (p *RoutePicker) follow() {
+	defer close(p.followed)
+	for e := range p.watch.Updates() {
+		if e != nil {
+			p.apply(e)
+		}
+	}
+	p.cacheMu.Lock()
+	p.cacheLive = false
+	p.cacheMu.Unlock()
+}
+
+// apply records one watched change of gantry_routes.
+func (p *RoutePicker) apply(e jetstream.KeyValueEntry) {
+	p.cacheMu.Lock()
+	defer p.cacheMu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(p.cache, e.Key())
+		return
+	}
+	var r wire.Route
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		p.cfg.Logger.Warn("route not decoded", "route_id", e.Key(), "err", err)
+		delete(p.cache, e.Key())
+		return
+	}
+	p.cache[e.Key()] = r
+}
+
+// route returns route id from the live cache, or read from the bucket
+// when the cache does not have it.
+func (p *RoutePicker) route(ctx context.Context, id string) (wire.Route, error) {
+	p.cacheMu.RLock()
+	r, ok := p.cache[id]
+	live := p.cacheLive
+	p.cacheMu.RUnlock()
+	if ok && live {
+		return r, nil
+	}
+	r, _, err := p.store.Get(ctx, id)
+	return r, err
+}
+
+// routes returns every route: from the live cache, or read from the bucket
+// when the watch has ended.
+func (p *RoutePicker) routes(ctx context.Context) ([]wire.Route, error) {
+	p.cacheMu.RLock()
+	if p.cacheLive {
+		out := make([]wire.Route, 0, len(p.cache))
+		for _, r := range p.cache {
+			out = append(out, r)
+		}
+		p.cacheMu.RUnlock()
+		return out, nil
+	}
+	p.cacheMu.RUnlock()
+	return p.store.List(ctx)
 }
 
 // Pick returns the route to send traffic through: for "auto" the
@@ -111,7 +214,7 @@ func NewRoutePicker(ctx context.Context, cfg RoutePickerConfig, nc *nats.Conn, j
 // that reports true.
 func (p *RoutePicker) Pick(ctx context.Context, route string) (wire.Route, error) {
 	if route != wire.RouteAuto {
-		r, _, err := p.store.Get(ctx, route)
+		r, err := p.route(ctx, route)
 		if errors.Is(err, ErrRouteNotFound) {
 			return wire.Route{}, &permanentRouteError{err}
 		}
@@ -123,7 +226,7 @@ func (p *RoutePicker) Pick(ctx context.Context, route string) (wire.Route, error
 		}
 		return r, nil
 	}
-	all, err := p.store.List(ctx)
+	all, err := p.routes(ctx)
 	if err != nil {
 		return wire.Route{}, err
 	}
@@ -210,8 +313,18 @@ func (p *RoutePicker) Report(ctx context.Context, routeID string, err error) {
 	}
 }
 
-// Close closes the idle connections of every cached transport.
+// Close stops following gantry_routes and closes the idle connections of
+// every cached transport. It is idempotent; after it, Pick reads the bucket
+// on every call.
 func (p *RoutePicker) Close() {
+	p.closeOnce.Do(func() {
+		_ = p.watch.Stop()
+		p.stopWatch()
+		select {
+		case <-p.followed:
+		case <-time.After(5 * time.Second):
+		}
+	})
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for k, t := range p.transports {

@@ -17,7 +17,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/proxytest"
 )
 
-func target(t *testing.T) *httptest.Server {
+func target(t testing.TB) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "hello")
@@ -215,6 +215,22 @@ func (pe *pickerEnv) put(t *testing.T, r wire.Route) {
 	}
 }
 
+// waitAuto polls until the picker's view picks want for "auto".
+func (pe *pickerEnv) waitAuto(t *testing.T, want string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r, err := pe.pick.Pick(context.Background(), wire.RouteAuto)
+		if err == nil && r.ID == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Pick(auto) = %q, %v; want %q", r.ID, err, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func TestPickAutoAvoidsCooldown(t *testing.T) {
 	t.Parallel()
 	pe := newPickerEnv(t)
@@ -225,6 +241,7 @@ func TestPickAutoAvoidsCooldown(t *testing.T) {
 	pe.put(t, wire.Route{ID: "healthy", State: wire.RouteAvailable, Score: 70, Proxy: healthy.URL()})
 	pe.put(t, wire.Route{ID: "cooling", State: wire.RouteCooldown, Score: 99, Proxy: cooling.URL(), CooldownUntil: &until})
 	pe.put(t, wire.Route{ID: "off", State: wire.RouteDisabled, Score: 100, Proxy: cooling.URL()})
+	pe.waitAuto(t, "healthy")
 
 	ctx := context.Background()
 	for range 5 {
@@ -269,7 +286,11 @@ func TestPickAutoAvoidsCooldown(t *testing.T) {
 	}
 
 	pe.put(t, wire.Route{ID: "healthy", State: wire.RouteCooldown, Score: 20, Proxy: healthy.URL(), CooldownUntil: &until})
-	_, err = pe.pick.Pick(ctx, wire.RouteAuto)
+	// The picker's view follows the bucket within moments.
+	deadline := time.Now().Add(5 * time.Second)
+	for _, err = pe.pick.Pick(ctx, wire.RouteAuto); err == nil && time.Now().Before(deadline); _, err = pe.pick.Pick(ctx, wire.RouteAuto) {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if !errors.As(err, &ue) || ue.RetryAfter() != 30*time.Second {
 		t.Errorf("Pick(auto) with every route down = %v, want a retry when the first cooldown ends (30s)", err)
 	}
@@ -285,10 +306,11 @@ func TestPickAutoBestScore(t *testing.T) {
 	pe.put(t, wire.Route{ID: "a", State: wire.RouteAvailable, Score: 80, LatencyMS: 50})
 	pe.put(t, wire.Route{ID: "b", State: wire.RouteAvailable, Score: 95, LatencyMS: 90})
 	pe.put(t, wire.Route{ID: "c", State: wire.RouteAvailable, Score: 95, LatencyMS: 40})
-	r, err := pe.pick.Pick(ctx, wire.RouteAuto)
-	if err != nil || r.ID != "c" {
-		t.Errorf("Pick(auto) = %q, %v; want c (best score, then lowest latency)", r.ID, err)
-	}
+	pe.waitAuto(t, "c") // best score, then lowest latency
+	pe.put(t, wire.Route{ID: "b", State: wire.RouteAvailable, Score: 95, LatencyMS: 40})
+	pe.waitAuto(t, "b") // same score and latency: lowest id
+	pe.put(t, wire.Route{ID: "a", State: wire.RouteAvailable, Score: 99, LatencyMS: 500})
+	pe.waitAuto(t, "a")
 	rt, id, err := pe.pick.Transport(ctx, "a")
 	if err != nil || id != "a" || rt == nil {
 		t.Errorf("Transport(a) = %v, %q, %v; want a direct transport for a", rt, id, err)
