@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/healthd"
+	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/config"
 )
 
@@ -49,11 +53,15 @@ func (a *app) healthd(ctx context.Context, configPath string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := (&serverFlags{configPath: configPath}).loadConfig()
-	if err != nil {
-		return err
-	}
+	cfg, cfgErr := (&serverFlags{configPath: configPath}).loadConfig()
 	nc, js, err := a.client.connect("gantry-healthd", nats.MaxReconnects(-1))
+	if cfgErr != nil {
+		if err == nil {
+			a.rejectConfig(ctx, js, cfgErr)
+			nc.Close()
+		}
+		return cfgErr
+	}
 	if err != nil {
 		return err
 	}
@@ -71,6 +79,19 @@ func (a *app) healthd(ctx context.Context, configPath string) error {
 	}
 	p.addActor("healthd", hd)
 	return p.run()
+}
+
+// rejectConfig records a config file healthd refused as a CONFIG_REJECTED
+// audit event, so the refusal is visible beyond this terminal.
+func (a *app) rejectConfig(ctx context.Context, js jetstream.JetStream, cfgErr error) {
+	if !errors.Is(cfgErr, config.ErrInvalid) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.client.timeout)
+	defer cancel()
+	_ = audit.NewEmitter(js, "healthd", clock.Real{}).Emit(ctx, wire.Event{
+		Type: wire.EventConfigRejected, Level: wire.LevelError, Message: cfgErr.Error(),
+	})
 }
 
 // newHealthd builds healthd for the routes of the config file; 'gantry run'

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/proxytest"
 )
@@ -155,10 +156,33 @@ func TestRouteWithoutHealthd(t *testing.T) {
 
 func TestHealthdBadConfig(t *testing.T) {
 	t.Parallel()
+	env := brokertest.Start(t)
+	sub, err := env.NC.SubscribeSync(wire.EventConfigRejected.Subject())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	cfg := writeConfig(t, "routes:\n  - {id: a, proxy: 'ftp://u:hunter2@h:1', probe_url: 'http://x/'}\n")
-	code, _, stderr := runInProcess(t, "healthd", "--config", cfg, "--server", "nats://127.0.0.1:1")
+	code, _, stderr := runInProcess(t, "healthd", "--config", cfg, "--server", env.URL)
 	if code != exitUsage || !strings.Contains(stderr, "want an http:// or socks5:// URL") || strings.Contains(stderr, "hunter2") {
 		t.Errorf("healthd with a bad route = exit %d, stderr %q; want exit 2 naming the problem, password redacted", code, stderr)
+	}
+	msg, err := sub.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatalf("no CONFIG_REJECTED event: %v", err)
+	}
+	var ev wire.Event
+	if err := json.Unmarshal(msg.Data, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Component != "healthd" || !strings.Contains(ev.Message, "routes[0]") || strings.Contains(string(msg.Data), "hunter2") {
+		t.Errorf("CONFIG_REJECTED = %s, want healthd's, naming routes[0], password redacted", msg.Data)
+	}
+	code, _, stderr = runInProcess(t, "healthd", "--config", cfg, "--server", "nats://127.0.0.1:1")
+	if code != exitUsage || !strings.Contains(stderr, "want an http:// or socks5:// URL") {
+		t.Errorf("healthd with a bad route and no broker = exit %d, stderr %q; want exit 2 naming the problem", code, stderr)
 	}
 }
 
