@@ -22,7 +22,7 @@ import (
 )
 
 // site is a real HTTP server on loopback answering status.
-func site(t *testing.T, status int) *httptest.Server {
+func site(t testing.TB, status int) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(status)
