@@ -73,7 +73,7 @@ type Service struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 
-	stored, duplicates, malformed, writeErrors, expired atomic.Uint64
+	stored, malformed, writeErrors, expired atomic.Uint64
 }
 
 // New validates cfg and returns a sink that consumes through nc.
@@ -129,7 +129,7 @@ func (s *Service) Stats() wire.AuditStats {
 		ret = s.cfg.Retention.String()
 	}
 	return wire.AuditStats{
-		Stored: s.stored.Load(), Duplicates: s.duplicates.Load(), Malformed: s.malformed.Load(),
+		Stored: s.stored.Load(), Malformed: s.malformed.Load(),
 		WriteErrors: s.writeErrors.Load(), Expired: s.expired.Load(), Retention: ret,
 	}
 }
@@ -273,7 +273,6 @@ func (s *Service) write(ctx context.Context, msgs []jetstream.Msg) {
 		}
 		if err == nil {
 			s.stored.Add(uint64(added))
-			s.duplicates.Add(uint64(len(events) - added))
 			for _, m := range msgs {
 				if err := m.Ack(); err != nil {
 					s.log.Debug("ack audit event", "err", err)

@@ -16,7 +16,10 @@
 //	d <day:4> <kind> <value> 0x00 <time:8> <id> → empty (secondary index)
 //
 // kind is one of k (task), r (resource), o (route), j (job), y (type) and
-// l (level). The 0x00 after the value keeps "task-1" from matching
+// l (level, only warn and error: an info query scans the events). An
+// event writes one index key per field it sets. Writing an event again
+// puts the same keys over themselves, so ingest is idempotent without a
+// read. The 0x00 after the value keeps "task-1" from matching
 // "task-10"; the time after it makes a time range one key range within each
 // value. Events come back oldest first; a cursor is the (time, id) of the
 // last event of a page.

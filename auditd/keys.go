@@ -27,11 +27,13 @@ type index struct {
 }
 
 // indexesOf lists the secondary index entries of ev: one per set field.
+// Only the rare levels (warn, error) are indexed: most events are info, and
+// for those a scan of the events in time order is as cheap as an index.
 func indexesOf(ev *wire.Event) []index {
 	out := make([]index, 0, 6)
 	for _, ix := range []index{
 		{kindTask, ev.TaskID}, {kindResource, ev.ResourceID}, {kindRoute, ev.RouteID},
-		{kindJob, ev.JobID}, {kindType, string(ev.Type)}, {kindLevel, string(ev.Level)},
+		{kindJob, ev.JobID}, {kindType, string(ev.Type)}, {kindLevel, indexedLevel(ev.Level)},
 	} {
 		if ix.value != "" {
 			out = append(out, ix)
@@ -108,4 +110,12 @@ func prefixEnd(p []byte) []byte {
 		}
 	}
 	return nil
+}
+
+// indexedLevel returns level if it has a secondary index, or "".
+func indexedLevel(level wire.Level) string {
+	if level == wire.LevelWarn || level == wire.LevelError {
+		return string(level)
+	}
+	return ""
 }

@@ -77,12 +77,8 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 }
 
 func (s *Store) open() (db *pebble.DB, err error) {
-	po := &pebble.Options{
-		FS:                 s.opts.FS,
-		FormatMajorVersion: pebble.FormatNewest,
-		Logger:             pebbleLogger{s.opts.Logger},
-	}
-	po.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
+	po := pebbleOptions(s.opts.FS, s.opts.Logger)
+	defer po.Cache.Unref()
 	err = guard(func() error {
 		db, err = pebble.Open(s.dir, po)
 		return err
@@ -91,6 +87,22 @@ func (s *Store) open() (db *pebble.DB, err error) {
 		return nil, fmt.Errorf("open audit store %s: %w", s.dir, err)
 	}
 	return db, nil
+}
+
+// pebbleOptions are the store's Pebble options: bloom filters for the point
+// reads of secondary-index lookups, a 32 MiB memtable (fewer, larger
+// flushes for a write-mostly store) and a 64 MiB block cache. The caller
+// unrefs the cache once the database is open.
+func pebbleOptions(fs vfs.FS, log *slog.Logger) *pebble.Options {
+	po := &pebble.Options{
+		FS:                 fs,
+		FormatMajorVersion: pebble.FormatNewest,
+		Logger:             pebbleLogger{log},
+		MemTableSize:       32 << 20,
+		Cache:              pebble.NewCache(64 << 20),
+	}
+	po.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
+	return po
 }
 
 // Dir returns the store's directory.
@@ -172,11 +184,20 @@ func Validate(ev *wire.Event) error {
 }
 
 // Write stores events in one batch committed with fsync and returns how
-// many were new: an event whose id (at its time) is already stored is
-// skipped, so a redelivered batch adds nothing. Payloads are redacted again
-// before they are stored. Every event must pass Validate. On a write error
-// the store is failed until Recover.
-func (s *Store) Write(events []wire.Event) (added int, err error) {
+// many it wrote. It is idempotent: an event is keyed by its time and id, so
+// writing it again (a redelivered batch, a producer's retry) puts the same
+// keys over themselves and adds nothing. Payloads are redacted again before
+// they are stored. Every event must pass Validate. On a write error the
+// store is failed until Recover.
+func (s *Store) Write(events []wire.Event) (int, error) {
+	for i := range events {
+		if err := Validate(&events[i]); err != nil {
+			return 0, err
+		}
+	}
+	if len(events) == 0 {
+		return 0, nil
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	db, err := s.healthy()
@@ -185,30 +206,14 @@ func (s *Store) Write(events []wire.Event) (added int, err error) {
 	}
 	b := db.NewBatch()
 	defer b.Close()
-	seen := make(map[string]struct{}, len(events))
 	for i := range events {
 		ev := &events[i]
-		if err := Validate(ev); err != nil {
-			return 0, err
-		}
 		wire.RedactEvent(ev)
-		pk := primaryKey(ev.Time, ev.ID)
-		if _, dup := seen[string(pk)]; dup {
-			continue
-		}
-		seen[string(pk)] = struct{}{}
-		exists, err := has(db, pk)
-		if err != nil {
-			s.fail(err)
-			return 0, fmt.Errorf("read audit store: %w", err)
-		}
-		if exists {
-			continue
-		}
 		val, err := json.Marshal(ev)
 		if err != nil {
 			return 0, fmt.Errorf("encode event %s: %w", ev.ID, err)
 		}
+		pk := primaryKey(ev.Time, ev.ID)
 		if err := b.Set(pk, val, nil); err != nil {
 			return 0, fmt.Errorf("batch event %s: %w", ev.ID, err)
 		}
@@ -218,38 +223,19 @@ func (s *Store) Write(events []wire.Event) (added int, err error) {
 				return 0, fmt.Errorf("batch event %s: %w", ev.ID, err)
 			}
 		}
-		added++
-	}
-	if added == 0 {
-		return 0, nil
 	}
 	if err := guard(func() error { return b.Commit(pebble.Sync) }); err != nil {
 		s.fail(err)
 		return 0, fmt.Errorf("commit audit batch: %w", err)
 	}
-	return added, nil
-}
-
-func has(db *pebble.DB, key []byte) (bool, error) {
-	var found bool
-	err := guard(func() error {
-		_, closer, err := db.Get(key)
-		if errors.Is(err, pebble.ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		found = true
-		return closer.Close()
-	})
-	return found, err
+	return len(events), nil
 }
 
 // Query answers q: one page of matching events, oldest first, with a cursor
 // when more match. It reads the secondary index of the most selective
-// filter (task, resource, route, job, type, level, in that order) or, with
-// none, the events themselves, and checks the other filters on each event.
+// filter (task, resource, route, job, type, warn or error level, in that
+// order) or, with none, the events themselves, and checks the other filters
+// on each event.
 func (s *Store) Query(q wire.AuditQuery) (wire.AuditPage, error) {
 	plan, err := planQuery(q)
 	if err != nil {
@@ -290,7 +276,7 @@ func planQuery(q wire.AuditQuery) (*queryPlan, error) {
 	p := &queryPlan{q: q, kind: kindEvent, fromDay: 0, toDay: ^uint32(0)}
 	for _, ix := range []index{
 		{kindTask, q.TaskID}, {kindResource, q.ResourceID}, {kindRoute, q.RouteID},
-		{kindJob, q.JobID}, {kindType, string(q.Type)}, {kindLevel, string(q.Level)},
+		{kindJob, q.JobID}, {kindType, string(q.Type)}, {kindLevel, indexedLevel(q.Level)},
 	} {
 		if ix.value != "" {
 			if bytes.IndexByte([]byte(ix.value), 0) >= 0 {

@@ -83,10 +83,9 @@ type AuditBackupFile struct {
 // AuditStats is the reply on SubjectAuditStats: what auditd has done since
 // it started.
 type AuditStats struct {
-	// Stored counts events written into the store (duplicates excluded).
+	// Stored counts events written into the store. A redelivered event is
+	// written again over itself, so it counts again but is stored once.
 	Stored uint64 `json:"stored"`
-	// Duplicates counts redelivered or republished events already stored.
-	Duplicates uint64 `json:"duplicates"`
 	// Malformed counts messages that were not valid events: stored as
 	// AUDIT_MALFORMED records, acknowledged and skipped.
 	Malformed uint64 `json:"malformed"`

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 )
@@ -13,6 +14,7 @@ const Redacted = "[REDACTED]"
 var secretWords = []string{
 	"password", "passwd", "token", "secret", "authorization",
 	"cookie", "api_key", "apikey", "api-key", "credential",
+	"passphrase", "private_key", "privatekey",
 }
 
 // IsSecretKey reports whether a map key looks like it holds a secret.
@@ -68,6 +70,9 @@ func RedactJSON(raw json.RawMessage) json.RawMessage {
 	if len(raw) == 0 {
 		return raw
 	}
+	if json.Valid(raw) && !mayHoldSecret(raw) {
+		return raw
+	}
 	var v any
 	if err := json.Unmarshal(raw, &v); err != nil {
 		return json.RawMessage(`"[UNPARSEABLE PAYLOAD DROPPED]"`)
@@ -82,6 +87,23 @@ func RedactJSON(raw json.RawMessage) json.RawMessage {
 		return json.RawMessage(`"[UNPARSEABLE PAYLOAD DROPPED]"`)
 	}
 	return out
+}
+
+// mayHoldSecret reports whether raw JSON might have a secret-looking key:
+// whether any secret word occurs anywhere in it (in any case), or a \u
+// escape could spell one. When it reports false, no key can be secret and
+// RedactJSON skips decoding.
+func mayHoldSecret(raw []byte) bool {
+	if bytes.Contains(raw, []byte(`\u`)) {
+		return true
+	}
+	lower := bytes.ToLower(raw)
+	for _, w := range secretWords {
+		if bytes.Contains(lower, []byte(w)) {
+			return true
+		}
+	}
+	return false
 }
 
 // RedactEvent redacts ev's payload in place and returns ev.

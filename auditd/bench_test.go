@@ -1,0 +1,209 @@
+package auditd
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+// benchEvent is a typical event: a task finishing on a resource, with a
+// small payload.
+func benchEvent(i int, at time.Time) wire.Event {
+	return wire.Event{
+		ID:         fmt.Sprintf("01JDZ%021d", i),
+		Time:       at,
+		Type:       wire.EventTaskFinished,
+		Level:      wire.LevelInfo,
+		Component:  "workers",
+		Host:       "plant-pc-1",
+		TaskID:     fmt.Sprintf("task-%d", i/10),
+		ResourceID: fmt.Sprintf("cam%d", i%8),
+		RouteID:    "office",
+		JobID:      fmt.Sprintf("job-%d", i%50),
+		Message:    "task finished",
+		Payload:    json.RawMessage(`{"attempts":1,"state":"SUCCEEDED"}`),
+	}
+}
+
+// openRaw opens a bare Pebble database with the store's options.
+func openRaw(b *testing.B, dir string) *pebble.DB {
+	b.Helper()
+	opts := pebbleOptions(vfs.Default, slog.New(slog.DiscardHandler))
+	defer opts.Cache.Unref()
+	db, err := pebble.Open(dir, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// pipelineEvent is event i of a task's usual life: created, resource
+// leased, started, resource released, finished. Such events set two or
+// three indexed fields, not all six.
+func pipelineEvent(i int, at time.Time) wire.Event {
+	ev := benchEvent(i, at)
+	ev.RouteID, ev.JobID = "", ""
+	switch i % 5 {
+	case 0:
+		ev.Type, ev.ResourceID = wire.EventTaskCreated, ""
+	case 1:
+		ev.Type, ev.TaskID = wire.EventResourceLeased, ""
+	case 2:
+		ev.Type = wire.EventTaskStarted
+	case 3:
+		ev.Type, ev.TaskID = wire.EventResourceReleased, ""
+	}
+	return ev
+}
+
+// BenchmarkIngest compares the store's write path (validate, redact,
+// encode, the event plus its index keys, synced commit) with raw Pebble
+// batches of the same encoded events under their ids, with the same options
+// and synced the same way. Both write batches of 512 events. "all-fields"
+// events set every indexed field (task, resource, route, job, type; level
+// info is not indexed); "pipeline" events are a task's usual mix.
+func BenchmarkIngest(b *testing.B) {
+	const batch = 512
+	t0 := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	for _, gen := range []struct {
+		name  string
+		event func(int, time.Time) wire.Event
+	}{{"all-fields", benchEvent}, {"pipeline", pipelineEvent}} {
+		b.Run(gen.name+"/raw-pebble", func(b *testing.B) {
+			db := openRaw(b, b.TempDir())
+			i := 0
+			for b.Loop() {
+				bt := db.NewBatch()
+				for range batch {
+					ev := gen.event(i, t0.Add(time.Duration(i)*time.Millisecond))
+					val, err := json.Marshal(ev)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := bt.Set([]byte(ev.ID), val, nil); err != nil {
+						b.Fatal(err)
+					}
+					i++
+				}
+				if err := bt.Commit(pebble.Sync); err != nil {
+					b.Fatal(err)
+				}
+				_ = bt.Close()
+			}
+			b.ReportMetric(float64(i)/b.Elapsed().Seconds(), "events/s")
+		})
+		b.Run(gen.name+"/store", func(b *testing.B) {
+			s, err := OpenStore(b.TempDir(), StoreOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = s.Close() })
+			i := 0
+			evs := make([]wire.Event, batch)
+			for b.Loop() {
+				for k := range evs {
+					evs[k] = gen.event(i, t0.Add(time.Duration(i)*time.Millisecond))
+					i++
+				}
+				if _, err := s.Write(evs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(i)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
+
+// BenchmarkQueryByTask measures `audit query --task` on a store of
+// 1,000,000 events (100,000 tasks of 10 events, over ten days), built
+// directly through Store.Write in batches of 5,000, not through NATS. The
+// baseline is raw Pebble holding the same events under <task>\x00<id>, the
+// ideal layout for this one question, read with one prefix scan.
+func BenchmarkQueryByTask(b *testing.B) {
+	const (
+		n     = 1_000_000
+		chunk = 5000
+		tasks = n / 10
+	)
+	t0 := time.Date(2026, 11, 20, 0, 0, 0, 0, time.UTC)
+	step := 10 * 24 * time.Hour / n
+	s, err := OpenStore(b.TempDir(), StoreOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	raw := openRaw(b, b.TempDir())
+	evs := make([]wire.Event, chunk)
+	for base := 0; base < n; base += chunk {
+		rb := raw.NewBatch()
+		for k := range evs {
+			i := base + k
+			evs[k] = benchEvent(i, t0.Add(time.Duration(i)*step))
+			val, _ := json.Marshal(evs[k])
+			_ = rb.Set([]byte(evs[k].TaskID+"\x00"+evs[k].ID), val, nil)
+		}
+		if err := rb.Commit(pebble.Sync); err != nil {
+			b.Fatal(err)
+		}
+		_ = rb.Close()
+		if _, err := s.Write(evs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	b.Run("raw-pebble", func(b *testing.B) {
+		var lat []time.Duration
+		for b.Loop() {
+			task := fmt.Sprintf("task-%d", rng.IntN(tasks))
+			start := time.Now()
+			prefix := []byte(task + "\x00")
+			it, err := raw.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			got := 0
+			for valid := it.First(); valid; valid = it.Next() {
+				var ev wire.Event
+				if err := json.Unmarshal(it.Value(), &ev); err != nil {
+					b.Fatal(err)
+				}
+				got++
+			}
+			_ = it.Close()
+			lat = append(lat, time.Since(start))
+			if got != 10 {
+				b.Fatalf("raw scan of %s = %d events, want 10", task, got)
+			}
+		}
+		reportLatency(b, lat)
+	})
+	b.Run("store", func(b *testing.B) {
+		var lat []time.Duration
+		for b.Loop() {
+			task := fmt.Sprintf("task-%d", rng.IntN(tasks))
+			start := time.Now()
+			page, err := s.Query(wire.AuditQuery{TaskID: task})
+			lat = append(lat, time.Since(start))
+			if err != nil || len(page.Events) != 10 {
+				b.Fatalf("query %s = %d events, %v; want 10", task, len(page.Events), err)
+			}
+		}
+		reportLatency(b, lat)
+	})
+}
+
+func reportLatency(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}
