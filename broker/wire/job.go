@@ -167,10 +167,16 @@ type JobState struct {
 	LastPlanned time.Time `json:"last_planned"`
 	// LastFired is when the job last fired.
 	LastFired *time.Time `json:"last_fired,omitempty"`
-	// Active are the ids of fired tasks not yet finished.
-	Active []string `json:"active,omitempty"`
+	// Active are the fired tasks not yet finished.
+	Active []ActiveRun `json:"active,omitempty"`
 	// RecentFires are the fire times of the last hour, for MaxPerHour.
 	RecentFires []time.Time `json:"recent_fires,omitempty"`
+}
+
+// ActiveRun names a fired task whose end the scheduler waits for.
+type ActiveRun struct {
+	TaskID  string    `json:"task_id"`
+	Planned time.Time `json:"planned"`
 }
 
 // SchedulerLeader is the value of the leader key in BucketScheduler: the
@@ -216,10 +222,14 @@ func ManualTaskID(job string, t time.Time) string {
 	return job + "-manual-" + strconv.FormatInt(t.UnixNano(), 10)
 }
 
-// ValidJobName reports whether name can name a job: 1 to 128 letters,
-// digits, '-' or '_'. Names are KV keys and parts of task ids.
+// MaxJobNameLen bounds the length of a job name, so that the ids of the
+// tasks it fires stay within MaxTaskIDLen.
+const MaxJobNameLen = 96
+
+// ValidJobName reports whether name can name a job: 1 to MaxJobNameLen
+// letters, digits, '-' or '_'. Names are KV keys and parts of task ids.
 func ValidJobName(name string) bool {
-	if name == "" || len(name) > 128 {
+	if name == "" || len(name) > MaxJobNameLen {
 		return false
 	}
 	for _, c := range name {

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 )
@@ -25,7 +26,7 @@ func TestJobGolden(t *testing.T) {
 			Attempts: 1, Machine: "plant-pc-1", Term: 3,
 		},
 		"job_state": JobState{
-			Job: "poll-plc", LastPlanned: t0, LastFired: &t0, Active: []string{"poll-plc-1796008320"},
+			Job: "poll-plc", LastPlanned: t0, LastFired: &t0, Active: []ActiveRun{{TaskID: "poll-plc-1796008320", Planned: t0}},
 			RecentFires: []time.Time{t0},
 		},
 		"scheduler_leader": SchedulerLeader{ID: "sched-a", Host: "plant-pc-1", Term: 3, Since: t0},
@@ -38,6 +39,10 @@ func TestJobGolden(t *testing.T) {
 
 func TestJobTaskID(t *testing.T) {
 	t.Parallel()
+	long := strings.Repeat("j", MaxJobNameLen)
+	if id := ManualTaskID(long, time.Now()); !ValidTaskID(id) {
+		t.Errorf("ValidTaskID(ManualTaskID(longest name)) = false, want true (len %d)", len(id))
+	}
 	planned := time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)
 	if got, want := JobTaskID("poll-plc", planned), "poll-plc-1796007600"; got != want {
 		t.Errorf("JobTaskID = %q, want %q", got, want)
@@ -54,7 +59,7 @@ func TestValidJobName(t *testing.T) {
 	t.Parallel()
 	for name, want := range map[string]bool{
 		"poll-plc": true, "Job_1": true, "": false, "a.b": false, "a b": false, "a*": false,
-		"a>": false, "ü": false, string(make([]byte, 129)): false,
+		"a>": false, "ü": false, strings.Repeat("a", MaxJobNameLen): true, strings.Repeat("a", MaxJobNameLen+1): false,
 	} {
 		if got := ValidJobName(name); got != want {
 			t.Errorf("ValidJobName(%q) = %v, want %v", name, got, want)

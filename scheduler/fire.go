@@ -1,0 +1,516 @@
+package scheduler
+
+import (
+	"container/heap"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+// elect campaigns for the leader lease and, once held, renews it every
+// third of its TTL by compare-and-swap. It runs on real time: the lease's
+// TTL is the broker's. It reports every change on leaderCh and resigns when
+// ctx ends.
+func (r *runner) elect(ctx context.Context) {
+	defer r.elector.Done()
+	s := r.s
+	ttl := s.cfg.LeaderTTL
+	var updates <-chan jetstream.KeyValueEntry
+	if w, err := r.st.KeyValue().Watch(ctx, r.st.LeaderKey()); err == nil {
+		updates = w.Updates()
+		defer func() { _ = w.Stop() }()
+	}
+	var (
+		leading bool
+		lead    wire.SchedulerLeader
+		rev     uint64
+	)
+	tick := time.NewTimer(0)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if leading {
+				rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				if err := r.st.Resign(rctx, rev); err != nil {
+					s.log.Warn("resign", "err", err)
+				}
+				cancel()
+				s.validUntil.Store(0)
+			}
+			return
+		case e := <-updates:
+			// A leader key that goes away (resigned or expired) is a
+			// chance to lead at once.
+			if leading || e == nil || e.Operation() == jetstream.KeyValuePut {
+				continue
+			}
+		case <-tick.C:
+		}
+		if leading {
+			cctx, cancel := context.WithTimeout(ctx, ttl/3)
+			start := time.Now()
+			nrev, err := r.st.Renew(cctx, lead, rev, ttl)
+			cancel()
+			if err == nil {
+				rev = nrev
+				s.validUntil.Store(start.Add(ttl).UnixNano())
+				tick.Reset(ttl / 3)
+				continue
+			}
+			if ctx.Err() != nil {
+				continue
+			}
+			s.log.Warn("leadership lost", "term", lead.Term, "err", err)
+			leading = false
+			s.validUntil.Store(0)
+			if !r.send(ctx, leaderChange{}) {
+				return
+			}
+			tick.Reset(ttl / 2)
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, ttl)
+		start := time.Now()
+		l, nrev, err := r.st.Campaign(cctx, s.cfg.ID, s.host, s.clock.Now(), ttl)
+		cancel()
+		if err != nil {
+			if !errors.Is(err, kv.ErrLeaderHeld) && ctx.Err() == nil {
+				s.log.Warn("campaign", "err", err)
+			}
+			tick.Reset(ttl / 2)
+			continue
+		}
+		leading, lead, rev = true, l, nrev
+		s.validUntil.Store(start.Add(ttl).UnixNano())
+		if !r.send(ctx, leaderChange{gained: true, leader: l}) {
+			continue
+		}
+		tick.Reset(ttl / 3)
+	}
+}
+
+func (r *runner) send(ctx context.Context, ch leaderChange) bool {
+	select {
+	case r.leaderCh <- ch:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// becomeLeader loads what the last leader left (job states, cooldowns,
+// unfinished runs), starts following task events and serving triggers, and
+// plans every job, misfires included.
+func (r *runner) becomeLeader(ctx context.Context, l wire.SchedulerLeader) {
+	s := r.s
+	r.leader, r.lead = true, l
+	s.leading.Store(true)
+	s.term.Store(l.Term)
+	s.log.Info("leader elected", "term", l.Term)
+	if err := s.audit.Emit(ctx, wire.Event{Type: wire.EventLeaderElected, Message: "scheduler leads",
+		Payload: audit.Payload(map[string]any{"scheduler_id": l.ID, "host": l.Host, "term": l.Term})}); err != nil {
+		s.log.Warn("emit audit event", "type", wire.EventLeaderElected, "err", err)
+	}
+	if err := r.catchUp(ctx); err != nil {
+		s.log.Warn("catch up with jobs", "err", err)
+	}
+	states, err := r.st.States(ctx)
+	if err != nil {
+		s.log.Warn("load job states", "err", err)
+	}
+	if r.cooldowns, err = r.st.Cooldowns(ctx); err != nil {
+		s.log.Warn("load cooldowns", "err", err)
+		r.cooldowns = map[string]time.Time{}
+	}
+	for name := range states {
+		if r.entries[name] == nil {
+			if err := r.st.DeleteState(ctx, name); err != nil {
+				s.log.Warn("forget job state", "job", name, "err", err)
+			}
+		}
+	}
+	for name, en := range r.entries {
+		en.state = states[name]
+		en.state.Job = name
+		en.queue = nil
+		for _, a := range en.state.Active {
+			run, err := r.st.Run(ctx, name, a.Planned)
+			if err != nil {
+				run = wire.JobRun{Job: name, TaskID: a.TaskID, Planned: a.Planned, State: wire.TaskWaiting}
+			}
+			r.active[a.TaskID] = &active{job: name, run: run}
+		}
+	}
+	r.startFollowing(ctx)
+	now := s.clock.Now()
+	for _, en := range r.entries {
+		r.plan(en, now)
+	}
+	r.reconcile = s.clock.NewTimer(s.cfg.ReconcileInterval)
+	r.reconcileActive(ctx)
+}
+
+// startFollowing subscribes to task events (from a little before the
+// election, to cover the hand-over) and to trigger requests.
+func (r *runner) startFollowing(ctx context.Context) {
+	s := r.s
+	since := time.Now().Add(-2*s.cfg.LeaderTTL - time.Minute)
+	cons, err := s.js.OrderedConsumer(ctx, wire.StreamAudit, jetstream.OrderedConsumerConfig{
+		FilterSubjects: taskEventSubjects,
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &since,
+	})
+	if err == nil {
+		r.consume, err = cons.Consume(func(m jetstream.Msg) {
+			select {
+			case r.events <- m:
+			case <-s.stop:
+			}
+		})
+	}
+	if err != nil {
+		s.log.Warn("follow task events; runs end only by reconciliation", "err", err)
+	}
+	r.trigSub, err = s.js.Conn().Subscribe(wire.SubjectSchedulerTrigger, r.serveTrigger)
+	if err == nil {
+		err = s.js.Conn().Flush()
+	}
+	if err != nil {
+		s.log.Warn("serve triggers", "err", err)
+	}
+}
+
+func (r *runner) serveTrigger(m *nats.Msg) {
+	respond := func(rep wire.TriggerReply) {
+		data, _ := json.Marshal(rep)
+		_ = m.Respond(data)
+	}
+	var req wire.TriggerRequest
+	if err := json.Unmarshal(m.Data, &req); err != nil || req.Job == "" {
+		respond(wire.TriggerReply{Error: "want {\"job\": NAME}", Code: "invalid"})
+		return
+	}
+	tr := triggerReq{job: req.Job, reply: make(chan wire.TriggerReply, 1)}
+	select {
+	case r.triggers <- tr:
+	case <-r.s.stop:
+		respond(wire.TriggerReply{Error: "scheduler stopping"})
+		return
+	}
+	respond(<-tr.reply)
+}
+
+// unlead stops everything only a leader does.
+func (r *runner) unlead(reason string) {
+	if !r.leader {
+		return
+	}
+	r.flush(context.Background())
+	r.leader = false
+	r.s.leading.Store(false)
+	if r.consume != nil {
+		r.consume.Stop()
+		r.consume = nil
+	}
+	if r.trigSub != nil {
+		_ = r.trigSub.Unsubscribe()
+		r.trigSub = nil
+	}
+	if r.reconcile != nil {
+		r.reconcile.Stop()
+		r.reconcile = nil
+	}
+	for _, en := range r.heap {
+		en.index = -1
+	}
+	r.heap = r.heap[:0]
+	for _, en := range r.entries {
+		en.queue = nil
+	}
+	clear(r.active)
+	r.s.log.Info("no longer leading", "reason", reason)
+}
+
+// fireDue fires (or skips) every job due now, after making sure the jobs
+// are current and this scheduler still holds its term.
+func (r *runner) fireDue(ctx context.Context) {
+	now := r.s.clock.Now()
+	if r.heap.Len() == 0 || r.heap[0].due.After(now) {
+		return
+	}
+	if err := r.catchUp(ctx); err != nil {
+		r.s.log.Warn("not firing: jobs not current", "err", err)
+		r.hold(now)
+		return
+	}
+	if !r.leader {
+		return
+	}
+	if err := r.fenced(ctx); err != nil {
+		r.s.log.Warn("not firing: fencing check failed", "err", err)
+		r.hold(now)
+		return
+	}
+	var batch []*entry
+	for r.heap.Len() > 0 && !r.heap[0].due.After(now) {
+		batch = append(batch, heap.Pop(&r.heap).(*entry))
+	}
+	sortDue(batch)
+	counts := r.taskCounts(ctx)
+	var pubs []*pub
+	for _, en := range batch {
+		var pf plannedFire
+		if len(en.queue) > 0 {
+			pf, en.queue = en.queue[0], en.queue[1:]
+		} else {
+			pf = plannedFire{at: en.next, trigger: wire.TriggerSchedule}
+		}
+		if reason, detail := r.decide(en, now, counts); reason != "" {
+			r.skip(en, pf, reason, detail)
+		} else {
+			pubs = append(pubs, r.fire(en, pf, now, counts))
+		}
+		if pf.at.After(en.state.LastPlanned) {
+			en.state.LastPlanned = pf.at
+		}
+		en.dirty = true
+		if len(en.queue) > 0 {
+			r.reschedule(en, now)
+		} else {
+			r.plan(en, now)
+		}
+	}
+	r.complete(ctx, pubs)
+	r.flush(ctx)
+}
+
+// hold delays every due entry a little after a failed check.
+func (r *runner) hold(now time.Time) {
+	for _, en := range r.heap {
+		if !en.due.After(now) {
+			en.due = now.Add(500 * time.Millisecond)
+		}
+	}
+	heap.Init(&r.heap)
+}
+
+// decide returns why a job must not fire now, or "" if it may.
+func (r *runner) decide(en *entry, now time.Time, counts *taskCounts) (wire.SkipReason, string) {
+	j := en.spec.job
+	if j.Paused {
+		return wire.SkipPaused, "job is paused"
+	}
+	if !en.spec.inWindow(now) {
+		return wire.SkipWindow, fmt.Sprintf("%s is outside the windows %v", now.In(en.spec.loc).Format("15:04"), j.Windows)
+	}
+	if until := r.cooldowns[j.Resource]; j.Resource != "" && now.Before(until) {
+		return wire.SkipCooldown, fmt.Sprintf("resource %s cools down until %s", j.Resource, until.Format(time.RFC3339))
+	}
+	if j.MaxPerHour > 0 {
+		hourAgo := now.Add(-time.Hour)
+		en.state.RecentFires = slices.DeleteFunc(en.state.RecentFires, func(t time.Time) bool { return !t.After(hourAgo) })
+		if len(en.state.RecentFires) >= j.MaxPerHour {
+			return wire.SkipBudget, fmt.Sprintf("%d fires in the last hour (max %d)", len(en.state.RecentFires), j.MaxPerHour)
+		}
+	}
+	if len(en.state.Active) > 0 && j.Overlap == wire.OverlapForbid {
+		return wire.SkipOverlap, "previous run " + en.state.Active[len(en.state.Active)-1].TaskID + " has not finished"
+	}
+	if counts != nil {
+		if max := r.s.cfg.MaxConcurrent; max > 0 && counts.total >= max {
+			return wire.SkipConcurrency, fmt.Sprintf("%d tasks queued or running (max %d)", counts.total, max)
+		}
+		if max := r.s.cfg.MaxPerType[j.Type]; max > 0 && counts.byType[j.Type] >= max {
+			return wire.SkipConcurrency, fmt.Sprintf("%d %s tasks queued or running (max %d)", counts.byType[j.Type], j.Type, max)
+		}
+	}
+	return "", ""
+}
+
+func (r *runner) skip(en *entry, pf plannedFire, reason wire.SkipReason, detail string) {
+	j := en.spec.job
+	r.s.log.Debug("job skipped", "job", j.Name, "reason", reason, "planned", pf.at)
+	r.emitAsync(wire.Event{Type: wire.EventJobSkipped, JobID: j.Name, TaskID: wire.JobTaskID(j.Name, pf.at),
+		Message: "job skipped: " + detail,
+		Payload: audit.Payload(map[string]any{"reason": reason, "planned": pf.at, "trigger": pf.trigger})})
+}
+
+// pub is a task publish in flight.
+type pub struct {
+	en  *entry
+	msg *nats.Msg
+	f   jetstream.PubAckFuture
+	err error
+	run wire.JobRun
+}
+
+// fire publishes the task of one planned fire without waiting; complete
+// waits. Overlap replace cancels the unfinished runs first.
+func (r *runner) fire(en *entry, pf plannedFire, now time.Time, counts *taskCounts) *pub {
+	j := en.spec.job
+	if j.Overlap == wire.OverlapReplace {
+		r.cancelActive(en)
+	}
+	id := wire.JobTaskID(j.Name, pf.at)
+	if pf.trigger == wire.TriggerManual {
+		id = wire.ManualTaskID(j.Name, pf.at)
+	}
+	task := wire.Task{ID: id, Payload: j.Payload, Resource: j.Resource, Priority: j.Priority,
+		MaxAttempts: j.MaxAttempts, Timeout: j.Timeout}
+	msg := nats.NewMsg(wire.TaskSubject(j.Queue, j.Type))
+	msg.Data, _ = json.Marshal(task)
+	msg.Header.Set(jetstream.MsgIDHeader, id)
+	msg.Header.Set(wire.HeaderJob, j.Name)
+	msg.Header.Set(wire.HeaderPlanned, pf.at.UTC().Format(time.RFC3339Nano))
+	p := &pub{en: en, msg: msg, run: wire.JobRun{
+		Job: j.Name, TaskID: id, Planned: pf.at, Fired: now, Trigger: pf.trigger,
+		State: wire.TaskWaiting, Machine: r.s.host, Term: r.lead.Term,
+	}}
+	p.f, p.err = r.s.js.PublishMsgAsync(msg)
+	en.state.Active = append(en.state.Active, wire.ActiveRun{TaskID: id, Planned: pf.at})
+	if j.MaxPerHour > 0 {
+		en.state.RecentFires = append(en.state.RecentFires, now)
+	}
+	t := now
+	en.state.LastFired = &t
+	en.dirty = true
+	r.active[id] = &active{job: j.Name, run: p.run}
+	counts.add(j.Type)
+	return p
+}
+
+// cancelActive asks the workers to cancel a job's unfinished runs.
+func (r *runner) cancelActive(en *entry) {
+	for _, a := range en.state.Active {
+		if err := r.s.js.Conn().Publish(wire.SubjectTaskCancel, []byte(a.TaskID)); err != nil {
+			r.s.log.Warn("cancel replaced run", "task_id", a.TaskID, "err", err)
+			continue
+		}
+		r.s.log.Info("replacing run", "job", en.spec.job.Name, "task_id", a.TaskID)
+	}
+}
+
+// complete waits for the task publishes of a batch, retrying failures
+// (the Nats-Msg-Id makes a retry safe), and records each fire.
+func (r *runner) complete(ctx context.Context, pubs []*pub) {
+	for _, p := range pubs {
+		var ack *jetstream.PubAck
+		err := p.err
+		if err == nil {
+			select {
+			case ack = <-p.f.Ok():
+			case err = <-p.f.Err():
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		for try := 0; err != nil && try < 3 && ctx.Err() == nil; try++ {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			ack, err = r.s.js.PublishMsg(cctx, p.msg)
+			cancel()
+		}
+		j := p.en.spec.job
+		if err != nil {
+			r.s.log.Error("fire", "job", j.Name, "task_id", p.run.TaskID, "err", err)
+			delete(r.active, p.run.TaskID)
+			p.en.state.Active = slices.DeleteFunc(p.en.state.Active, func(a wire.ActiveRun) bool { return a.TaskID == p.run.TaskID })
+			r.emitAsync(wire.Event{Type: wire.EventJobMissed, Level: wire.LevelError, JobID: j.Name, TaskID: p.run.TaskID,
+				Message: "task could not be published: " + err.Error(),
+				Payload: audit.Payload(map[string]any{"planned": p.run.Planned, "trigger": p.run.Trigger})})
+			continue
+		}
+		if ack.Duplicate {
+			r.s.log.Info("already fired", "job", j.Name, "task_id", p.run.TaskID)
+			continue
+		}
+		r.putRun(p.run)
+		r.emitAsync(wire.Event{Type: wire.EventJobFired, JobID: j.Name, TaskID: p.run.TaskID,
+			Message: "job fired",
+			Payload: audit.Payload(map[string]any{
+				"planned": p.run.Planned, "fired": p.run.Fired, "trigger": p.run.Trigger, "term": p.run.Term,
+				"queue": j.Queue, "type": j.Type, "lag_ms": p.run.Fired.Sub(p.run.Planned).Milliseconds(),
+			})})
+	}
+}
+
+// trigger fires a job now, on an operator's request: regardless of pause,
+// window, budget, cooldown and concurrency, but not into an overlap the
+// job forbids.
+func (r *runner) trigger(ctx context.Context, name string) wire.TriggerReply {
+	if !r.leader {
+		return wire.TriggerReply{Error: "this scheduler no longer leads; try again"}
+	}
+	if err := r.catchUp(ctx); err != nil {
+		return wire.TriggerReply{Error: err.Error()}
+	}
+	en := r.entries[name]
+	if en == nil {
+		return wire.TriggerReply{Error: fmt.Sprintf("job %q not found", name), Code: "not_found"}
+	}
+	if err := r.fenced(ctx); err != nil {
+		return wire.TriggerReply{Error: "fencing check failed: " + err.Error()}
+	}
+	if len(en.state.Active) > 0 && en.spec.job.Overlap == wire.OverlapForbid {
+		return wire.TriggerReply{Error: fmt.Sprintf("job %s forbids overlap and run %s has not finished",
+			name, en.state.Active[len(en.state.Active)-1].TaskID), Code: "conflict"}
+	}
+	now := r.s.clock.Now()
+	p := r.fire(en, plannedFire{at: now, trigger: wire.TriggerManual}, now, nil)
+	r.complete(ctx, []*pub{p})
+	r.flush(ctx)
+	if r.active[p.run.TaskID] == nil {
+		return wire.TriggerReply{Error: "task could not be published"}
+	}
+	return wire.TriggerReply{Run: &p.run}
+}
+
+// taskCounts is how many tasks the tasks stream holds (waiting or
+// running), as the broker counts them.
+type taskCounts struct {
+	total  int
+	byType map[string]int
+}
+
+func (c *taskCounts) add(typ string) {
+	if c == nil {
+		return
+	}
+	c.total++
+	c.byType[typ]++
+}
+
+// taskCounts asks the broker for the tasks in the stream by subject, when a
+// concurrency cap is set.
+func (r *runner) taskCounts(ctx context.Context) *taskCounts {
+	if r.s.cfg.MaxConcurrent == 0 && len(r.s.cfg.MaxPerType) == 0 {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	str, err := r.s.js.Stream(cctx, wire.StreamTasks)
+	var info *jetstream.StreamInfo
+	if err == nil {
+		info, err = str.Info(cctx, jetstream.WithSubjectFilter(wire.SubjectTasksAll))
+	}
+	if err != nil {
+		r.s.log.Warn("count tasks; concurrency caps not applied to this batch", "err", err)
+		return nil
+	}
+	c := &taskCounts{byType: map[string]int{}}
+	for subj, n := range info.State.Subjects {
+		c.total += int(n)
+		c.byType[typeOfSubject(subj)] += int(n)
+	}
+	return c
+}

@@ -1,0 +1,121 @@
+package scheduler
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+func TestTwoSchedulersFireOncePerPlannedTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a, _ := b.start(Config{ID: "a"}, true)
+	other, _ := b.start(Config{ID: "b"}, false)
+	b.addJob(wire.Job{Name: "ha", Type: "noop", Every: "1m"})
+	b.addJob(wire.Job{Name: "ha2", Type: "noop", Every: "1m"})
+	for i := 1; i <= 5; i++ {
+		b.advance(time.Minute)
+		b.waitTasks(2 * i)
+	}
+	if l, _ := other.Leading(); l {
+		t.Errorf("both schedulers lead, want only a")
+	}
+	if l, term := a.Leading(); !l || term == 0 {
+		t.Errorf("a leading %v term %d, want leading with a term", l, term)
+	}
+	seen := map[string]bool{}
+	for _, m := range b.taskMsgs() {
+		if seen[m.id] {
+			t.Errorf("task %s published twice", m.id)
+		}
+		seen[m.id] = true
+	}
+	if got := len(b.events(wire.EventJobFired)); got != 10 {
+		t.Errorf("JOB_FIRED = %d, want 10", got)
+	}
+}
+
+func TestLeaderKilledFollowerTakesOver(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = 2 * time.Second
+	cfg := Config{LeaderTTL: ttl, MisfireThreshold: 10 * time.Minute}
+	cfg.ID = "a"
+	a, _, anc := b.startConn(cfg, true)
+	cfg.ID = "b"
+	follower, _ := b.start(cfg, false)
+	b.addJob(wire.Job{Name: "ha", Type: "noop", Every: "1m"})
+	for i := 1; i <= 3; i++ {
+		b.advance(time.Minute)
+		b.waitTasks(i)
+	}
+	_, termA := a.Leading()
+	// Kill the leader: its connection dies, it can neither renew nor
+	// resign. Then pretend it died before saving its last two fires, so
+	// that its successor plans them again.
+	b.waitFor("state of the third fire saved", func() bool {
+		st, err := b.st.State(context.Background(), "ha")
+		return err == nil && st.LastPlanned.Equal(t0.Add(3*time.Minute))
+	})
+	anc.Close()
+	killed := time.Now()
+	f, err := b.st.PutStateAsync(wire.JobState{Job: "ha", LastPlanned: t0.Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-f.Ok()
+	// Two planned times pass while nobody leads.
+	b.clk.Advance(2 * time.Minute)
+	b.waitFor("the follower leads", func() bool { l, _ := follower.Leading(); return l })
+	took := time.Since(killed)
+	t.Logf("takeover after %s (lease TTL %s)", took, ttl)
+	if took > 2*ttl+time.Second {
+		t.Errorf("takeover after %s, want within about the lease TTL %s", took, ttl)
+	}
+	if _, termB := follower.Leading(); termB <= termA {
+		t.Errorf("new term %d, want above the old %d", termB, termA)
+	}
+	got := b.waitTasks(5)
+	for i, m := range got {
+		if want := wire.JobTaskID("ha", t0.Add(time.Duration(i+1)*time.Minute)); m.id != want {
+			t.Errorf("task %d = %s, want %s", i, m.id, want)
+		}
+	}
+	b.advance(time.Minute)
+	b.waitTasks(6)
+	// The re-planned 10:02 and 10:03 were dropped by the broker as
+	// duplicates: one JOB_FIRED per planned time.
+	fired := map[string]int{}
+	for _, ev := range b.waitEvents(wire.EventJobFired, 6) {
+		fired[ev.TaskID]++
+	}
+	for id, n := range fired {
+		if n != 1 {
+			t.Errorf("JOB_FIRED for %s = %d, want 1", id, n)
+		}
+	}
+	if len(fired) != 6 {
+		t.Errorf("planned times fired = %d, want 6", len(fired))
+	}
+	if got := len(b.events(wire.EventLeaderElected)); got != 2 {
+		t.Errorf("LEADER_ELECTED = %d, want 2", got)
+	}
+}
+
+func TestGracefulStopHandsOverAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := Config{LeaderTTL: 30 * time.Second}
+	cfg.ID = "a"
+	_, stopA := b.start(cfg, true)
+	cfg.ID = "b"
+	follower, _ := b.start(cfg, false)
+	stopped := time.Now()
+	stopA()
+	b.waitFor("the follower leads", func() bool { l, _ := follower.Leading(); return l })
+	if took := time.Since(stopped); took > 10*time.Second {
+		t.Errorf("hand-over after %s, want well under the 30s TTL (the leader resigns)", took)
+	}
+}

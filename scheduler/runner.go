@@ -1,0 +1,666 @@
+package scheduler
+
+import (
+	"container/heap"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+// maxMissedEvents bounds the JOB_MISSED events of one job after one
+// downtime; the rest are counted in one summary event.
+const maxMissedEvents = 100
+
+// maxMisfireScan bounds how many missed planned times are enumerated for a
+// job; a longer gap is skipped to the present.
+const maxMisfireScan = 100_000
+
+// entry is one job as the scheduler knows it.
+type entry struct {
+	spec  *spec
+	rev   uint64
+	state wire.JobState
+	// queue holds planned times to fire at once (misfires), oldest first.
+	queue []plannedFire
+	// next is the next planned time on schedule (zero: none), due the
+	// moment it fires (next + jitter, or now when queue is non-empty).
+	next  time.Time
+	due   time.Time
+	index int
+	dirty bool
+}
+
+type plannedFire struct {
+	at      time.Time
+	trigger string
+}
+
+// active is a fired task whose end the leader waits for.
+type active struct {
+	job string
+	run wire.JobRun
+}
+
+type leaderChange struct {
+	gained bool
+	leader wire.SchedulerLeader
+}
+
+type triggerReq struct {
+	job   string
+	reply chan wire.TriggerReply
+}
+
+// runner is the state of one Run: owned by the loop goroutine, except
+// where noted.
+type runner struct {
+	s       *Scheduler
+	jobs    *kv.JobStore
+	st      *kv.SchedulerStore
+	jobsStr jetstream.Stream
+	tasks   jetstream.KeyValue
+	watch   jetstream.KeyWatcher
+	lastRev uint64
+
+	entries map[string]*entry
+	heap    dueHeap
+	timer   clock.Timer
+	armed   bool
+
+	leader    bool
+	lead      wire.SchedulerLeader
+	leaderCh  chan leaderChange
+	active    map[string]*active
+	cooldowns map[string]time.Time
+	events    chan jetstream.Msg
+	consume   jetstream.ConsumeContext
+	triggers  chan triggerReq
+	trigSub   *nats.Subscription
+	reconcile clock.Timer
+
+	pending []jetstream.PubAckFuture
+	elector sync.WaitGroup
+}
+
+func (s *Scheduler) newRunner(ctx context.Context) (*runner, error) {
+	jobs, err := kv.NewJobStore(ctx, s.js)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	st, err := kv.NewSchedulerStore(ctx, s.js)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	str, err := s.js.Stream(ctx, "KV_"+wire.BucketJobs)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: open jobs stream: %w", err)
+	}
+	r := &runner{
+		s: s, jobs: jobs, st: st, jobsStr: str,
+		entries:   map[string]*entry{},
+		leaderCh:  make(chan leaderChange),
+		active:    map[string]*active{},
+		cooldowns: map[string]time.Time{},
+		events:    make(chan jetstream.Msg, 1024),
+		triggers:  make(chan triggerReq),
+	}
+	if b, err := s.js.KeyValue(ctx, wire.BucketTasks); err == nil {
+		r.tasks = b
+	}
+	return r, nil
+}
+
+// start applies the config's jobs and loads every job.
+func (r *runner) start(ctx context.Context) error {
+	if err := ApplyJobs(ctx, r.jobs, r.s.cfg.Jobs, r.s.clock.Now()); err != nil {
+		return fmt.Errorf("scheduler: apply config jobs: %w", err)
+	}
+	w, err := r.jobs.KeyValue().WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("scheduler: watch jobs: %w", err)
+	}
+	r.watch = w
+	for {
+		select {
+		case <-ctx.Done():
+			_ = w.Stop()
+			return nil
+		case e := <-w.Updates():
+			if e == nil {
+				r.s.log.Info("jobs loaded", "jobs", len(r.entries))
+				return nil
+			}
+			r.applyJob(e)
+		}
+	}
+}
+
+func (r *runner) loop(ctx context.Context) error {
+	ectx, ecancel := context.WithCancel(ctx)
+	r.elector.Add(1)
+	go r.elect(ectx)
+	defer func() {
+		ecancel()
+		// The elector may be sending a change: take it so it can resign.
+		done := make(chan struct{})
+		go func() { r.elector.Wait(); close(done) }()
+		for {
+			select {
+			case <-r.leaderCh:
+				continue
+			case <-done:
+			}
+			break
+		}
+		r.unlead("stopped")
+		_ = r.watch.Stop()
+	}()
+	for {
+		var timerC, reconcileC <-chan time.Time
+		if r.armed {
+			timerC = r.timer.C()
+		}
+		if r.leader && r.reconcile != nil {
+			reconcileC = r.reconcile.C()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.s.stop:
+			return nil
+		case e, ok := <-r.watch.Updates():
+			if !ok {
+				return errors.New("scheduler: jobs watcher closed")
+			}
+			if e != nil {
+				r.applyJob(e)
+				r.flush(ctx)
+				r.arm()
+			}
+		case ch := <-r.leaderCh:
+			if ch.gained {
+				r.becomeLeader(ctx, ch.leader)
+			} else {
+				r.unlead("lease lost")
+			}
+			r.arm()
+		case <-timerC:
+			r.armed = false
+			r.fireDue(ctx)
+			r.arm()
+		case m := <-r.events:
+			r.taskEvent(m)
+			r.flush(ctx)
+			r.arm()
+		case tr := <-r.triggers:
+			tr.reply <- r.trigger(ctx, tr.job)
+			r.arm()
+		case <-reconcileC:
+			r.reconcileActive(ctx)
+			r.reconcile.Reset(r.s.cfg.ReconcileInterval)
+			r.arm()
+		}
+	}
+}
+
+// applyJob takes one change of gantry_jobs into the table.
+func (r *runner) applyJob(e jetstream.KeyValueEntry) {
+	r.lastRev = max(r.lastRev, e.Revision())
+	name := e.Key()
+	old := r.entries[name]
+	if e.Operation() != jetstream.KeyValuePut {
+		if old != nil {
+			r.removeEntry(old)
+			delete(r.entries, name)
+			if r.leader {
+				if err := r.st.DeleteState(context.Background(), name); err != nil {
+					r.s.log.Warn("forget job state", "job", name, "err", err)
+				}
+			}
+			r.s.log.Info("job removed", "job", name)
+		}
+		return
+	}
+	if old != nil && old.rev == e.Revision() {
+		return
+	}
+	j, err := kv.DecodeJob(e.Value())
+	var sp *spec
+	if err == nil {
+		if j.Name != name {
+			err = fmt.Errorf("%w: key %q holds job named %q", ErrInvalidJob, name, j.Name)
+		} else {
+			sp, err = compile(j)
+		}
+	}
+	if err != nil {
+		if old != nil {
+			r.removeEntry(old)
+			delete(r.entries, name)
+		}
+		r.s.log.Warn("job rejected", "job", name, "err", err)
+		if r.leader {
+			r.emitAsync(wire.Event{Type: wire.EventConfigRejected, Level: wire.LevelWarn, JobID: name,
+				Message: "job rejected: " + err.Error()})
+		}
+		return
+	}
+	en := old
+	if en == nil {
+		en = &entry{index: -1, state: wire.JobState{Job: name}}
+		r.entries[name] = en
+	}
+	en.spec, en.rev = sp, e.Revision()
+	if r.leader {
+		r.plan(en, r.s.clock.Now())
+	}
+}
+
+func (r *runner) removeEntry(en *entry) {
+	if en.index >= 0 {
+		heap.Remove(&r.heap, en.index)
+	}
+}
+
+// plan computes an entry's next fire from its persisted state, turning
+// planned times older than the misfire threshold into misfires handled by
+// the job's policy, and (re)places it in the heap.
+func (r *runner) plan(en *entry, now time.Time) {
+	j := en.spec.job
+	en.queue = nil
+	base := en.state.LastPlanned
+	for _, t := range []time.Time{j.CreatedAt, j.UpdatedAt} {
+		if t.After(base) {
+			base = t
+		}
+	}
+	cutoff := now.Add(-r.s.cfg.MisfireThreshold)
+	var missed []time.Time
+	p := en.spec.sched.Next(base)
+	more := 0
+	for !p.IsZero() && !p.After(cutoff) {
+		if len(missed) >= maxMisfireScan {
+			more++
+			p = en.spec.sched.Next(cutoff)
+			break
+		}
+		missed = append(missed, p)
+		p = en.spec.sched.Next(p)
+	}
+	if len(missed) > 0 {
+		r.misfire(en, missed, more)
+	}
+	en.next = p
+	r.reschedule(en, now)
+}
+
+// misfire applies the job's misfire policy to planned times missed while
+// no scheduler led.
+func (r *runner) misfire(en *entry, missed []time.Time, more int) {
+	j := en.spec.job
+	var fire []time.Time
+	switch j.Misfire {
+	case wire.MisfireOnce:
+		fire = missed[len(missed)-1:]
+	case wire.MisfireAll:
+		n := orDefault(j.MisfireCap, DefaultMisfireCap)
+		fire = missed[max(0, len(missed)-n):]
+	}
+	skipped := missed[:len(missed)-len(fire)]
+	for i, p := range skipped {
+		if i == maxMissedEvents {
+			break
+		}
+		r.emitAsync(wire.Event{Type: wire.EventJobMissed, Level: wire.LevelWarn, JobID: j.Name,
+			TaskID:  wire.JobTaskID(j.Name, p),
+			Message: "planned fire missed while no scheduler led",
+			Payload: audit.Payload(map[string]any{"planned": p, "policy": j.Misfire})})
+	}
+	if extra := len(skipped) - maxMissedEvents + more; extra > 0 {
+		r.emitAsync(wire.Event{Type: wire.EventJobMissed, Level: wire.LevelWarn, JobID: j.Name,
+			Message: fmt.Sprintf("%d more planned fires missed", extra),
+			Payload: audit.Payload(map[string]any{"count": extra, "policy": j.Misfire})})
+	}
+	for _, p := range fire {
+		en.queue = append(en.queue, plannedFire{at: p, trigger: wire.TriggerMisfire})
+	}
+	last := missed[len(missed)-1]
+	if len(fire) == 0 || len(skipped) > 0 {
+		if len(fire) > 0 {
+			last = skipped[len(skipped)-1]
+		}
+		if last.After(en.state.LastPlanned) {
+			en.state.LastPlanned = last
+			en.dirty = true
+		}
+	}
+	r.s.log.Warn("misfire", "job", j.Name, "missed", len(missed)+more, "firing", len(fire), "policy", j.Misfire)
+}
+
+func orDefault(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// reschedule sets an entry's due moment and its place in the heap.
+func (r *runner) reschedule(en *entry, now time.Time) {
+	switch {
+	case len(en.queue) > 0:
+		en.due = now
+	case !en.next.IsZero():
+		en.due = en.next.Add(en.spec.jitterFor(en.next))
+	default:
+		en.due = time.Time{}
+	}
+	switch {
+	case en.due.IsZero() && en.index >= 0:
+		heap.Remove(&r.heap, en.index)
+	case en.due.IsZero():
+	case en.index >= 0:
+		heap.Fix(&r.heap, en.index)
+	default:
+		heap.Push(&r.heap, en)
+	}
+}
+
+// arm sets the timer to the earliest due entry.
+func (r *runner) arm() {
+	if !r.leader || r.heap.Len() == 0 {
+		if r.armed {
+			r.timer.Stop()
+			r.armed = false
+		}
+		return
+	}
+	d := r.heap[0].due.Sub(r.s.clock.Now())
+	if r.timer == nil {
+		r.timer = r.s.clock.NewTimer(d)
+	} else {
+		r.timer.Stop()
+		select {
+		case <-r.timer.C():
+		default:
+		}
+		r.timer.Reset(d)
+	}
+	r.armed = true
+}
+
+// dueHeap orders entries by due moment.
+type dueHeap []*entry
+
+func (h dueHeap) Len() int           { return len(h) }
+func (h dueHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h dueHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *dueHeap) Push(x any) {
+	e := x.(*entry)
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+func (h *dueHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	e.index = -1
+	*h = old[:len(old)-1]
+	return e
+}
+
+// catchUp applies every change of gantry_jobs written before now, so that
+// no decision is taken on a stale copy: it reads the stream's last
+// sequence and consumes the watcher until it has seen it.
+func (r *runner) catchUp(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	info, err := r.jobsStr.Info(cctx)
+	if err != nil {
+		return fmt.Errorf("read jobs stream state: %w", err)
+	}
+	for r.lastRev < info.State.LastSeq {
+		select {
+		case <-cctx.Done():
+			return fmt.Errorf("catch up with jobs (at %d of %d): %w", r.lastRev, info.State.LastSeq, cctx.Err())
+		case e, ok := <-r.watch.Updates():
+			if !ok {
+				return errors.New("jobs watcher closed")
+			}
+			if e != nil {
+				r.applyJob(e)
+			}
+		}
+	}
+	return nil
+}
+
+// fenced reports whether this scheduler still holds the leader key with its
+// term, reading the key from the broker.
+func (r *runner) fenced(ctx context.Context) error {
+	if time.Now().UnixNano() >= r.s.validUntil.Load() {
+		return errors.New("leader lease not renewed in time")
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	l, _, err := r.st.Leader(cctx)
+	if err != nil {
+		return err
+	}
+	if l.ID != r.lead.ID || l.Term != r.lead.Term {
+		return fmt.Errorf("leader key holds %s term %d, not %s term %d", l.ID, l.Term, r.lead.ID, r.lead.Term)
+	}
+	return nil
+}
+
+// emitAsync publishes an audit event without waiting; flush checks it.
+func (r *runner) emitAsync(ev wire.Event) {
+	f, err := r.s.audit.EmitAsync(ev)
+	if err != nil {
+		r.s.log.Warn("emit audit event", "type", ev.Type, "err", err)
+		return
+	}
+	r.pending = append(r.pending, f)
+}
+
+// flush persists dirty job states and waits for every pending publish.
+func (r *runner) flush(ctx context.Context) {
+	if r.leader {
+		for _, en := range r.entries {
+			if !en.dirty {
+				continue
+			}
+			en.dirty = false
+			f, err := r.st.PutStateAsync(en.state)
+			if err != nil {
+				r.s.log.Warn("save job state", "job", en.spec.job.Name, "err", err)
+				continue
+			}
+			r.pending = append(r.pending, f)
+		}
+	}
+	r.wait(ctx, r.pending)
+	r.pending = r.pending[:0]
+}
+
+// wait waits for publish acknowledgements, logging failures.
+func (r *runner) wait(ctx context.Context, fs []jetstream.PubAckFuture) {
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	for _, f := range fs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			r.s.log.Warn("publish", "subject", f.Msg().Subject, "err", err)
+		case <-timeout.C:
+			r.s.log.Warn("publish not acknowledged", "subject", f.Msg().Subject)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// taskEventSubjects are the audit events that tell the leader a fired task
+// started or ended.
+var taskEventSubjects = []string{
+	wire.EventTaskStarted.Subject(), wire.EventTaskFinished.Subject(),
+	wire.EventNeedsReview.Subject(), wire.EventTaskCancelled.Subject(), wire.EventTaskRejected.Subject(),
+}
+
+// eventPayload is the part of a task event's payload the scheduler reads.
+type eventPayload struct {
+	State     wire.TaskState `json:"state"`
+	Attempts  int            `json:"attempts"`
+	Attempt   int            `json:"attempt"`
+	Error     string         `json:"error"`
+	LastError string         `json:"last_error"`
+}
+
+// taskEvent records a fired task's start or end in its run.
+func (r *runner) taskEvent(m jetstream.Msg) {
+	var ev wire.Event
+	if err := json.Unmarshal(m.Data(), &ev); err != nil {
+		return
+	}
+	a := r.active[ev.TaskID]
+	if a == nil || !r.leader {
+		return
+	}
+	var p eventPayload
+	_ = json.Unmarshal(ev.Payload, &p)
+	switch ev.Type {
+	case wire.EventTaskStarted:
+		if a.run.State.Terminal() {
+			return
+		}
+		t := ev.Time
+		a.run.Started = &t
+		a.run.State = wire.TaskRunning
+		a.run.Attempts = max(a.run.Attempts, p.Attempt, p.Attempts)
+		r.putRun(a.run)
+	default:
+		state := p.State
+		switch {
+		case ev.Type == wire.EventNeedsReview || ev.Type == wire.EventTaskRejected:
+			state = wire.TaskNeedsReview
+		case ev.Type == wire.EventTaskCancelled:
+			state = wire.TaskCancelled
+		case state == "":
+			state = wire.TaskSucceeded
+		}
+		msg := cmpStr(p.Error, p.LastError)
+		if msg == "" && state != wire.TaskSucceeded {
+			msg = ev.Message
+		}
+		r.finish(ev.TaskID, state, max(p.Attempts, p.Attempt), msg, ev.Time)
+	}
+}
+
+func cmpStr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// finish closes a fired task's run: its job's overlap ends and its
+// resource's cooldown starts.
+func (r *runner) finish(taskID string, state wire.TaskState, attempts int, msg string, at time.Time) {
+	a := r.active[taskID]
+	if a == nil {
+		return
+	}
+	delete(r.active, taskID)
+	a.run.State = state
+	a.run.Attempts = max(a.run.Attempts, attempts)
+	a.run.Error = msg
+	a.run.Finished = &at
+	r.putRun(a.run)
+	en := r.entries[a.job]
+	if en == nil {
+		return
+	}
+	en.state.Active = slices.DeleteFunc(en.state.Active, func(x wire.ActiveRun) bool { return x.TaskID == taskID })
+	en.dirty = true
+	if res := en.spec.job.Resource; res != "" && en.spec.cooldown > 0 {
+		until := r.s.clock.Now().Add(en.spec.cooldown)
+		if until.After(r.cooldowns[res]) {
+			r.cooldowns[res] = until
+			if f, err := r.st.PutCooldownAsync(res, until); err == nil {
+				r.pending = append(r.pending, f)
+			}
+		}
+	}
+	r.s.log.Debug("run finished", "job", a.job, "task_id", taskID, "state", state)
+}
+
+func (r *runner) putRun(run wire.JobRun) {
+	f, err := r.st.PutRunAsync(run, r.s.cfg.RunHistoryTTL)
+	if err != nil {
+		r.s.log.Warn("save run", "job", run.Job, "task_id", run.TaskID, "err", err)
+		return
+	}
+	r.pending = append(r.pending, f)
+}
+
+// reconcileActive ends the runs whose task gantry_tasks shows finished, in
+// case their end event was missed.
+func (r *runner) reconcileActive(ctx context.Context) {
+	if r.tasks == nil {
+		return
+	}
+	for id := range r.active {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		e, err := r.tasks.Get(cctx, id)
+		cancel()
+		if err != nil {
+			continue
+		}
+		var info wire.TaskInfo
+		if json.Unmarshal(e.Value(), &info) != nil || !info.State.Terminal() {
+			continue
+		}
+		r.finish(id, info.State, info.Attempts, info.LastError, info.UpdatedAt)
+	}
+	r.flush(ctx)
+}
+
+// sortDue orders a batch: higher priority first, then earlier due.
+func sortDue(batch []*entry) {
+	sort.SliceStable(batch, func(i, j int) bool {
+		pi, pj := batch[i].spec.job.Priority, batch[j].spec.job.Priority
+		if pi != pj {
+			return pi > pj
+		}
+		return batch[i].due.Before(batch[j].due)
+	})
+}
+
+// typeOfSubject returns the type token of a task subject.
+func typeOfSubject(subject string) string {
+	if i := strings.LastIndexByte(subject, '.'); i >= 0 {
+		return subject[i+1:]
+	}
+	return subject
+}
+
+func jsonString(v any) (string, error) {
+	b, err := json.Marshal(v)
+	return string(b), err
+}

@@ -1,0 +1,220 @@
+package scheduler
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+// Config configures a Scheduler.
+type Config struct {
+	// ID names this scheduler in the leader key. Defaults to
+	// "<host>-<ULID>".
+	ID string
+	// LeaderTTL is the life of the leader lease without renewal: the time a
+	// killed leader's successor waits at most. Whole seconds, at least 1 s.
+	// Defaults to 10s.
+	LeaderTTL time.Duration
+	// MisfireThreshold is how late a planned time may be fired as usual;
+	// an older one is a misfire, handled by the job's misfire policy.
+	// Defaults to 1m.
+	MisfireThreshold time.Duration
+	// MaxConcurrent caps the tasks in the tasks stream (waiting or running,
+	// counted by the broker) at which a job's fire is skipped (reason
+	// concurrency). Defaults to 0: no cap.
+	MaxConcurrent int
+	// MaxPerType caps the tasks of one type in the tasks stream, as
+	// MaxConcurrent does for all. Defaults to none.
+	MaxPerType map[string]int
+	// RunHistoryTTL is how long a run stays in the history. Defaults to 72h.
+	RunHistoryTTL time.Duration
+	// ReconcileInterval is how often the leader checks gantry_tasks for
+	// unfinished runs whose end event it missed. Defaults to 30s.
+	ReconcileInterval time.Duration
+	// Jobs are applied to gantry_jobs when Run starts (see ApplyJobs).
+	// Defaults to none.
+	Jobs []wire.Job
+	// Clock tells the time of every scheduling decision. Defaults to
+	// clock.Real. The leader lease runs on the broker's real-time TTL.
+	Clock clock.Clock
+	// Logger receives the scheduler's logs. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+// Scheduler fires the jobs of gantry_jobs as tasks. Any number may run; the
+// one holding the leader lease fires, the others stand by with the jobs
+// loaded, ready to take over.
+type Scheduler struct {
+	cfg   Config
+	js    jetstream.JetStream
+	log   *slog.Logger
+	clock clock.Clock
+	audit *audit.Emitter
+	host  string
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	ready    chan struct{}
+	running  atomic.Bool
+	leading  atomic.Bool
+	term     atomic.Uint64
+	// validUntil (unix ns, real time) is when the leader lease lapses
+	// unless renewed.
+	validUntil atomic.Int64
+}
+
+// New checks cfg, fills its defaults and returns a scheduler using js.
+func New(cfg Config, js jetstream.JetStream) (*Scheduler, error) {
+	if js == nil {
+		return nil, errors.New("scheduler: nil jetstream")
+	}
+	host, _ := os.Hostname()
+	host = cmp.Or(host, "unknown")
+	cfg.ID = cmp.Or(cfg.ID, host+"-"+ulid.Make().String())
+	cfg.LeaderTTL = cmp.Or(cfg.LeaderTTL, 10*time.Second)
+	if cfg.LeaderTTL < time.Second || cfg.LeaderTTL%time.Second != 0 {
+		return nil, fmt.Errorf("scheduler: leader TTL %s must be whole seconds, at least 1s", cfg.LeaderTTL)
+	}
+	cfg.MisfireThreshold = cmp.Or(cfg.MisfireThreshold, time.Minute)
+	cfg.RunHistoryTTL = cmp.Or(cfg.RunHistoryTTL, 72*time.Hour)
+	cfg.ReconcileInterval = cmp.Or(cfg.ReconcileInterval, 30*time.Second)
+	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	if cfg.MaxConcurrent < 0 {
+		return nil, fmt.Errorf("scheduler: max concurrent %d must not be negative", cfg.MaxConcurrent)
+	}
+	for typ, n := range cfg.MaxPerType {
+		if n <= 0 || !wire.ValidToken(typ) {
+			return nil, fmt.Errorf("scheduler: max per type %q=%d: want a task type and a positive cap", typ, n)
+		}
+	}
+	for i, j := range cfg.Jobs {
+		n, err := Normalize(j)
+		if err != nil {
+			return nil, fmt.Errorf("scheduler: jobs[%d]: %w", i, err)
+		}
+		cfg.Jobs[i] = n
+	}
+	return &Scheduler{
+		cfg:   cfg,
+		js:    js,
+		log:   cfg.Logger.With("component", "scheduler", "scheduler_id", cfg.ID),
+		clock: cfg.Clock,
+		audit: audit.NewEmitter(js, "scheduler", cfg.Clock),
+		host:  host,
+		stop:  make(chan struct{}),
+		ready: make(chan struct{}),
+	}, nil
+}
+
+// ID returns the scheduler's id, as written in the leader key.
+func (s *Scheduler) ID() string { return s.cfg.ID }
+
+// Ready is closed once the scheduler has applied the config's jobs and
+// loaded every job of the bucket.
+func (s *Scheduler) Ready() <-chan struct{} { return s.ready }
+
+// Leading reports whether the scheduler holds the leader lease, and its
+// fencing term.
+func (s *Scheduler) Leading() (bool, uint64) { return s.leading.Load(), s.term.Load() }
+
+// Stop asks Run to resign leadership and return. It is idempotent and safe
+// before Run or after it has returned.
+func (s *Scheduler) Stop() { s.stopOnce.Do(func() { close(s.stop) }) }
+
+// Run watches the jobs, takes part in the leader election and, while it
+// leads, fires jobs. It returns nil after Stop or when ctx ends.
+func (s *Scheduler) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return errors.New("scheduler: Run called twice")
+	}
+	select {
+	case <-s.stop:
+		return nil
+	default:
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r, err := s.newRunner(ctx)
+	if err != nil {
+		return err
+	}
+	if err := r.start(ctx); err != nil {
+		return err
+	}
+	close(s.ready)
+	return r.loop(ctx)
+}
+
+// ApplyJobs writes jobs (normalized, marked as coming from the config) into
+// the store: a new job is created, a changed one updated, an unchanged one
+// left alone. An existing job keeps its Paused flag, so a pause done by an
+// operator survives a restart; a job's paused setting in jobs only applies
+// when the job is created. Jobs missing from jobs are not deleted.
+func ApplyJobs(ctx context.Context, store *kv.JobStore, jobs []wire.Job, now time.Time) error {
+	for _, j := range jobs {
+		j, err := Normalize(j)
+		if err != nil {
+			return err
+		}
+		j.Source = wire.JobSourceConfig
+		for {
+			cur, rev, err := store.Get(ctx, j.Name)
+			if errors.Is(err, kv.ErrJobNotFound) {
+				j.CreatedAt, j.UpdatedAt = now, now
+				_, err = store.Create(ctx, j)
+				if errors.Is(err, kv.ErrJobExists) {
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				break
+			}
+			if err != nil {
+				return err
+			}
+			if SameDefinition(cur, j) {
+				break
+			}
+			next := j
+			next.Paused = cur.Paused
+			next.CreatedAt, next.UpdatedAt = cur.CreatedAt, now
+			_, err = store.Update(ctx, next, rev)
+			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			break
+		}
+	}
+	return nil
+}
+
+// SameDefinition reports whether a and b define the same job, ignoring
+// Paused, Source and the timestamps.
+func SameDefinition(a, b wire.Job) bool {
+	a.Paused, b.Paused = false, false
+	a.Source, b.Source = "", ""
+	a.CreatedAt, b.CreatedAt = time.Time{}, time.Time{}
+	a.UpdatedAt, b.UpdatedAt = time.Time{}, time.Time{}
+	ea, err1 := jsonString(a)
+	eb, err2 := jsonString(b)
+	return err1 == nil && err2 == nil && ea == eb
+}

@@ -1,0 +1,415 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
+)
+
+func TestEveryFiresTasks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(Config{}, true)
+	b.addJob(wire.Job{Name: "tick", Type: "noop", Queue: "plant", Every: "1m", Priority: 7,
+		Payload: json.RawMessage(`{"sleep":"1s"}`), Resource: "cam1", MaxAttempts: 2, Timeout: "5s"})
+	for i := 1; i <= 3; i++ {
+		b.advance(time.Minute)
+		got := b.waitTasks(i)
+		m := got[i-1]
+		planned := t0.Add(time.Duration(i) * time.Minute)
+		want := wire.JobTaskID("tick", planned)
+		if m.id != want || m.msgID != want {
+			t.Errorf("task %d id = %q, msg id %q, want %q", i, m.id, m.msgID, want)
+		}
+		if m.subject != "gantry.tasks.plant.noop" || m.job != "tick" || !m.planned.Equal(planned) {
+			t.Errorf("task %d subject %q job %q planned %s, want gantry.tasks.plant.noop tick %s", i, m.subject, m.job, m.planned, planned)
+		}
+		if m.task.Priority != 7 || m.task.Resource != "cam1" || m.task.MaxAttempts != 2 || m.task.Timeout != "5s" || string(m.task.Payload) != `{"sleep":"1s"}` {
+			t.Errorf("task %d = %+v, want the job's priority, resource, attempts, timeout and payload", i, m.task)
+		}
+	}
+	fired := b.waitEvents(wire.EventJobFired, 3)
+	if fired[0].JobID != "tick" || fired[0].TaskID != wire.JobTaskID("tick", t0.Add(time.Minute)) {
+		t.Errorf("JOB_FIRED = job %q task %q, want tick and the first task", fired[0].JobID, fired[0].TaskID)
+	}
+	if got := b.events(wire.EventLeaderElected); len(got) != 1 {
+		t.Errorf("LEADER_ELECTED events = %d, want 1", len(got))
+	}
+}
+
+func TestCronAndAt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(Config{}, true)
+	at := t0.Add(90 * time.Second)
+	b.addJob(wire.Job{Name: "sec", Type: "noop", Cron: "*/30 * * * * *"})
+	b.addJob(wire.Job{Name: "once", Type: "noop", At: &at})
+	// 10:00:30, 10:01:00, 10:01:30 (+ once), 10:02:00
+	for i := 0; i < 4; i++ {
+		b.advance(30 * time.Second)
+		b.waitEvents(wire.EventJobFired, i+1+min(max(i-1, 0), 1))
+	}
+	want := []string{
+		"once-" + fmt.Sprint(at.Unix()),
+		"sec-" + fmt.Sprint(t0.Add(30*time.Second).Unix()), "sec-" + fmt.Sprint(t0.Add(60*time.Second).Unix()),
+		"sec-" + fmt.Sprint(t0.Add(90*time.Second).Unix()), "sec-" + fmt.Sprint(t0.Add(120*time.Second).Unix()),
+	}
+	got := ids(b.waitTasks(5))
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("tasks = %v, want %v", got, want)
+	}
+}
+
+func TestPauseStopsTheVeryNextFire(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(Config{}, true)
+	b.addJob(wire.Job{Name: "poll", Type: "noop", Every: "1m"})
+	b.advance(time.Minute)
+	b.waitTasks(1)
+	b.modify("poll", func(j *wire.Job) { j.Paused = true })
+	// No wait for the scheduler to see the pause: the fire itself must
+	// check the live state.
+	b.clk.Advance(time.Minute)
+	skipped := b.waitEvents(wire.EventJobSkipped, 1)
+	if r := payloadField(skipped[0], "reason"); r != string(wire.SkipPaused) {
+		t.Errorf("skip reason = %v, want paused", r)
+	}
+	if got := b.taskMsgs(); len(got) != 1 {
+		t.Fatalf("tasks after pause = %v, want only the first", ids(got))
+	}
+	b.modify("poll", func(j *wire.Job) { j.Paused = false })
+	b.advance(time.Minute)
+	got := b.waitTasks(2)
+	if want := wire.JobTaskID("poll", t0.Add(3*time.Minute)); got[1].id != want {
+		t.Errorf("task after resume = %q, want %q", got[1].id, want)
+	}
+}
+
+func TestDeleteStopsFires(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(Config{}, true)
+	b.addJob(wire.Job{Name: "gone", Type: "noop", Every: "1m"})
+	b.addJob(wire.Job{Name: "stays", Type: "noop", Every: "1m"})
+	b.advance(time.Minute)
+	b.waitTasks(2)
+	if err := b.jobs.Delete(context.Background(), "gone"); err != nil {
+		t.Fatal(err)
+	}
+	b.clk.Advance(time.Minute)
+	b.waitEvents(wire.EventJobFired, 3)
+	got := b.waitTasks(3)
+	if want := wire.JobTaskID("stays", t0.Add(2*time.Minute)); got[2].id != want {
+		t.Errorf("third task = %q, want %q (the deleted job must not fire)", got[2].id, want)
+	}
+}
+
+func TestWindowAndBudgetSkips(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(Config{}, true)
+	// 10:00 UTC is 11:00 in Berlin: the window closes at 11:02 there.
+	b.addJob(wire.Job{Name: "win", Type: "noop", Every: "1m", Windows: []string{"10:30-11:02"}, Timezone: "Europe/Berlin"})
+	b.addJob(wire.Job{Name: "budget", Type: "noop", Every: "1m", MaxPerHour: 2})
+	b.advance(time.Minute) // 11:01 Berlin: both fire
+	b.waitEvents(wire.EventJobFired, 2)
+	b.advance(time.Minute) // 11:02: win is outside its window
+	b.waitEvents(wire.EventJobFired, 3)
+	b.advance(time.Minute) // 11:03: budget has had its 2 fires this hour
+	skipped := b.waitEvents(wire.EventJobSkipped, 3)
+	reasons := map[string][]any{}
+	for _, ev := range skipped {
+		reasons[ev.JobID] = append(reasons[ev.JobID], payloadField(ev, "reason"))
+	}
+	if fmt.Sprint(reasons["win"]) != "[window window]" || fmt.Sprint(reasons["budget"]) != "[budget]" {
+		t.Errorf("skip reasons = %v, want win: [window window], budget: [budget]", reasons)
+	}
+	want := []string{wire.JobTaskID("budget", t0.Add(time.Minute)), wire.JobTaskID("budget", t0.Add(2*time.Minute)), wire.JobTaskID("win", t0.Add(time.Minute))}
+	if got := ids(b.waitTasks(3)); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("tasks = %v, want %v", got, want)
+	}
+}
+
+func TestMisfirePolicies(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		policy   wire.MisfirePolicy
+		cap      int
+		misfires int
+		missed   int
+	}{
+		{wire.MisfireSkip, 0, 0, 9},
+		{wire.MisfireOnce, 0, 1, 8},
+		{wire.MisfireAll, 5, 5, 4},
+		{wire.MisfireAll, 0, 9, 0},
+	} {
+		t.Run(fmt.Sprintf("%s_%d", tc.policy, tc.cap), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			// The job existed an hour ago and last fired 10 minutes ago;
+			// the scheduler has been down since.
+			j := wire.Job{Name: "m", Type: "noop", Every: "1m", Misfire: tc.policy, MisfireCap: tc.cap}
+			j, _ = Normalize(j)
+			j.CreatedAt, j.UpdatedAt = t0.Add(-time.Hour), t0.Add(-time.Hour)
+			if _, err := b.jobs.Create(context.Background(), j); err != nil {
+				t.Fatal(err)
+			}
+			f, err := b.st.PutStateAsync(wire.JobState{Job: "m", LastPlanned: t0.Add(-10 * time.Minute)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-f.Ok()
+			b.start(Config{}, true)
+			// Missed: 09:51 .. 09:59 (older than the 1m threshold); 10:00
+			// is on time.
+			got := b.waitTasks(tc.misfires + 1)
+			for _, m := range got[:tc.misfires] {
+				if m.planned.After(t0.Add(-time.Minute)) || m.planned.Before(t0.Add(-9*time.Minute)) {
+					t.Errorf("misfire %s planned %s, want within 09:51..09:59", m.id, m.planned)
+				}
+			}
+			if last := got[len(got)-1]; !last.planned.Equal(t0) {
+				t.Errorf("last task planned %s, want %s", last.planned, t0)
+			}
+			if tc.misfires > 0 && !got[tc.misfires-1].planned.Equal(t0.Add(-time.Minute)) {
+				t.Errorf("latest misfire planned %s, want the latest missed time %s", got[tc.misfires-1].planned, t0.Add(-time.Minute))
+			}
+			if tc.missed > 0 {
+				if ev := b.waitEvents(wire.EventJobMissed, tc.missed); len(ev) != tc.missed {
+					t.Errorf("JOB_MISSED = %d, want %d", len(ev), tc.missed)
+				}
+			}
+			b.waitFor("state saved", func() bool {
+				st, err := b.st.State(context.Background(), "m")
+				return err == nil && st.LastPlanned.Equal(t0)
+			})
+			if ev := b.events(wire.EventJobMissed); len(ev) != tc.missed {
+				t.Errorf("JOB_MISSED = %d, want %d", len(ev), tc.missed)
+			}
+		})
+	}
+}
+
+func TestOverlapForbidAndRunHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(Config{}, true)
+	b.addJob(wire.Job{Name: "slow", Type: "noop", Every: "1m", Overlap: wire.OverlapForbid})
+	b.advance(time.Minute)
+	first := b.waitTasks(1)[0]
+	for i := 1; i <= 2; i++ {
+		b.advance(time.Minute)
+		ev := b.waitEvents(wire.EventJobSkipped, i)
+		if r := payloadField(ev[i-1], "reason"); r != string(wire.SkipOverlap) {
+			t.Errorf("skip %d reason = %v, want overlap", i, r)
+		}
+	}
+	if got := b.taskMsgs(); len(got) != 1 {
+		t.Fatalf("tasks while the first runs = %v, want 1", ids(got))
+	}
+	b.finishTask(first.id, wire.TaskSucceeded)
+	b.waitFor("run finished in the history", func() bool {
+		r, err := b.st.Run(context.Background(), "slow", first.planned)
+		return err == nil && r.State == wire.TaskSucceeded && r.Finished != nil
+	})
+	b.advance(time.Minute)
+	got := b.waitTasks(2)
+	if want := wire.JobTaskID("slow", t0.Add(4*time.Minute)); got[1].id != want {
+		t.Errorf("task after the first finished = %q, want %q", got[1].id, want)
+	}
+	runs, err := b.st.Runs(context.Background(), "slow", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 || runs[0].State != wire.TaskSucceeded || runs[1].State != wire.TaskWaiting || runs[0].Machine == "" || runs[0].Term == 0 {
+		t.Errorf("runs = %+v, want the first SUCCEEDED and the second WAITING, with machine and term", runs)
+	}
+}
+
+func TestOverlapReplaceCancels(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cancels := make(chan string, 4)
+	sub, err := b.env.NC.Subscribe(wire.SubjectTaskCancel, func(m *nats.Msg) { cancels <- string(m.Data) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := b.env.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	b.start(Config{}, true)
+	b.addJob(wire.Job{Name: "rep", Type: "noop", Every: "1m", Overlap: wire.OverlapReplace})
+	b.advance(time.Minute)
+	first := b.waitTasks(1)[0]
+	b.advance(time.Minute)
+	b.waitTasks(2)
+	select {
+	case id := <-cancels:
+		if id != first.id {
+			t.Errorf("cancelled %q, want %q", id, first.id)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no cancel request for the replaced run")
+	}
+}
+
+func TestResourceCooldown(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(Config{}, true)
+	b.addJob(wire.Job{Name: "cam", Type: "noop", Every: "1m", Resource: "cam1", Cooldown: "150s"})
+	b.advance(time.Minute)
+	first := b.waitTasks(1)[0]
+	b.finishTask(first.id, wire.TaskSucceeded)
+	b.waitFor("cooldown recorded", func() bool {
+		c, err := b.st.Cooldowns(context.Background())
+		return err == nil && c["cam1"].Equal(t0.Add(time.Minute+150*time.Second))
+	})
+	b.advance(time.Minute) // 10:02: cooling down until 10:03:30
+	ev := b.waitEvents(wire.EventJobSkipped, 1)
+	if r := payloadField(ev[0], "reason"); r != string(wire.SkipCooldown) {
+		t.Errorf("skip reason = %v, want cooldown", r)
+	}
+	b.advance(time.Minute) // 10:03: still cooling down
+	b.waitEvents(wire.EventJobSkipped, 2)
+	b.advance(time.Minute) // 10:04: fires
+	if got := b.waitTasks(2); got[1].id != wire.JobTaskID("cam", t0.Add(4*time.Minute)) {
+		t.Errorf("task after cooldown = %q, want the 10:04 fire", got[1].id)
+	}
+}
+
+func TestConcurrencyCapCountsTheStream(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(Config{MaxPerType: map[string]int{"exec": 1}}, true)
+	b.addJob(wire.Job{Name: "hi", Type: "exec", Every: "1m", Priority: 9})
+	b.addJob(wire.Job{Name: "lo", Type: "exec", Every: "1m", Priority: 1})
+	b.addJob(wire.Job{Name: "other", Type: "noop", Every: "1m"})
+	b.advance(time.Minute)
+	ev := b.waitEvents(wire.EventJobSkipped, 1)
+	if ev[0].JobID != "lo" || payloadField(ev[0], "reason") != string(wire.SkipConcurrency) {
+		t.Errorf("skipped %s (%v), want lo for concurrency: the higher priority job fires first", ev[0].JobID, payloadField(ev[0], "reason"))
+	}
+	got := ids(b.waitTasks(2))
+	want := []string{wire.JobTaskID("hi", t0.Add(time.Minute)), wire.JobTaskID("other", t0.Add(time.Minute))}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("tasks = %v, want %v", got, want)
+	}
+}
+
+func TestTrigger(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(Config{}, true)
+	b.addJob(wire.Job{Name: "manual", Type: "noop", Every: "1h", Overlap: wire.OverlapForbid, Paused: true})
+	ask := func(job string) wire.TriggerReply {
+		t.Helper()
+		data, _ := json.Marshal(wire.TriggerRequest{Job: job})
+		m, err := b.env.NC.Request(wire.SubjectSchedulerTrigger, data, 10*time.Second)
+		if errors.Is(err, nats.ErrNoResponders) {
+			return wire.TriggerReply{Code: "no_responders"}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep wire.TriggerReply
+		if err := json.Unmarshal(m.Data, &rep); err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	var rep wire.TriggerReply
+	b.waitFor("the job loaded", func() bool { rep = ask("manual"); return rep.Code != "not_found" && rep.Code != "no_responders" })
+	if rep.Run == nil || rep.Run.Trigger != wire.TriggerManual {
+		t.Fatalf("trigger = %+v, want a manual run (a paused job can be triggered by hand)", rep)
+	}
+	if got := b.waitTasks(1); got[0].id != rep.Run.TaskID {
+		t.Errorf("task = %q, want %q", got[0].id, rep.Run.TaskID)
+	}
+	if rep := ask("manual"); rep.Code != "conflict" {
+		t.Errorf("second trigger while running = %+v, want code conflict", rep)
+	}
+	if rep := ask("nope"); rep.Code != "not_found" {
+		t.Errorf("trigger of a missing job = %+v, want code not_found", rep)
+	}
+}
+
+func TestApplyJobsKeepsOperatorPause(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := []wire.Job{{Name: "cfg", Type: "noop", Every: "1m"}}
+	if err := ApplyJobs(ctx, b.jobs, cfg, t0); err != nil {
+		t.Fatal(err)
+	}
+	b.modify("cfg", func(j *wire.Job) { j.Paused = true })
+	_, rev, _ := b.jobs.Get(ctx, "cfg")
+	if err := ApplyJobs(ctx, b.jobs, cfg, t0.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	j, rev2, err := b.jobs.Get(ctx, "cfg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rev2 != rev {
+		t.Errorf("revision after applying an unchanged config = %d, want %d (no write)", rev2, rev)
+	}
+	cfg[0].Every = "2m"
+	if err := ApplyJobs(ctx, b.jobs, cfg, t0.Add(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	j, _, _ = b.jobs.Get(ctx, "cfg")
+	if j.Every != "2m" || !j.Paused || j.Source != wire.JobSourceConfig || !j.CreatedAt.Equal(t0) {
+		t.Errorf("job after a config change = every %s paused %v source %s created %s, want 2m, still paused, config, %s",
+			j.Every, j.Paused, j.Source, j.CreatedAt, t0)
+	}
+}
+
+func TestBadJobIsRejectedAndAudited(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(Config{}, true)
+	kvb, err := b.env.JS.KeyValue(context.Background(), wire.BucketJobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kvb.Put(context.Background(), "broken", []byte(`{"name":"broken","type":"noop","cron":"not a cron"}`)); err != nil {
+		t.Fatal(err)
+	}
+	b.addJob(wire.Job{Name: "fine", Type: "noop", Every: "1m"})
+	ev := b.waitEvents(wire.EventConfigRejected, 1)
+	if ev[0].JobID != "broken" {
+		t.Errorf("CONFIG_REJECTED job = %q, want broken", ev[0].JobID)
+	}
+	b.advance(time.Minute)
+	if got := b.waitTasks(1); got[0].job != "fine" {
+		t.Errorf("task of job %q, want fine", got[0].job)
+	}
+}
+
+func TestStopBeforeRunAndTwice(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	s, err := New(Config{}, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Stop()
+	s.Stop()
+	if err := s.Run(context.Background()); err != nil {
+		t.Errorf("Run after Stop = %v, want nil", err)
+	}
+	if _, err := New(Config{LeaderTTL: 1500 * time.Millisecond}, env.JS); err == nil {
+		t.Error("New with a TTL of 1.5s = nil error, want one")
+	}
+}
