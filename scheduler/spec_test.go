@@ -37,14 +37,14 @@ func TestCronSchedule(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name, cron, tz, after string
-		want               []string
+		want                  []string
 	}{
 		{"five fields", "*/15 * * * *", "", "2026-11-30T10:07:00Z", []string{"2026-11-30T10:15:00Z", "2026-11-30T10:30:00Z"}},
 		{"seconds", "*/20 * * * * *", "", "2026-11-30T10:00:05Z", []string{"2026-11-30T10:00:20Z", "2026-11-30T10:00:40Z", "2026-11-30T10:01:00Z"}},
 		{"time zone", "0 3 * * *", "Europe/Berlin", "2026-11-30T00:00:00Z", []string{"2026-11-30T02:00:00Z", "2026-12-01T02:00:00Z"}},
 		{"time zone summer", "0 3 * * *", "Europe/Berlin", "2026-07-01T00:00:00Z", []string{"2026-07-01T01:00:00Z"}},
 		{"descriptor", "@hourly", "", "2026-11-30T10:07:00Z", []string{"2026-11-30T11:00:00Z"}},
-		{"last weekday", "0 9 * * MON-FRI", "", "2026-12-04T10:00:00Z", []string{"2026-12-07T09:00:00Z"}},
+		{"weekdays", "0 9 * * MON-FRI", "", "2026-12-04T10:00:00Z", []string{"2026-12-07T09:00:00Z"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
