@@ -88,25 +88,48 @@ type Database struct {
 
 // Job is a scheduled job.
 type Job struct {
-	Name        string         `yaml:"name"`
-	Type        string         `yaml:"type"`
-	Queue       string         `yaml:"queue"`
-	Payload     map[string]any `yaml:"payload"`
-	Cron        string         `yaml:"cron"`
-	Every       Duration       `yaml:"every"`
-	At          string         `yaml:"at"`
-	Timezone    string         `yaml:"timezone"`
-	Window      string         `yaml:"window"`
-	Jitter      Duration       `yaml:"jitter"`
-	Misfire     string         `yaml:"misfire"`
-	Overlap     string         `yaml:"overlap"`
-	MaxPerHour  int            `yaml:"max_per_hour"`
-	Priority    int            `yaml:"priority"`
-	Timeout     Duration       `yaml:"timeout"`
-	MaxAttempts int            `yaml:"max_attempts"`
-	Resource    string         `yaml:"resource"`
-	Description string         `yaml:"description"`
-	Paused      bool           `yaml:"paused"`
+	// Name is the job's key in gantry_jobs: letters, digits, '-' and '_'.
+	Name string `yaml:"name"`
+	// Type and Queue pick the task subject gantry.tasks.<queue>.<type>.
+	// Queue defaults to default.
+	Type  string `yaml:"type"`
+	Queue string `yaml:"queue"`
+	// Payload, Priority, Timeout, MaxAttempts and Resource go into every
+	// task the job fires.
+	Payload map[string]any `yaml:"payload"`
+	// Exactly one of Cron (5 fields, or 6 with seconds), Every and At
+	// (RFC 3339, or "2006-01-02 15:04" in Timezone) is set.
+	Cron  string   `yaml:"cron"`
+	Every Duration `yaml:"every"`
+	At    string   `yaml:"at"`
+	// Timezone (IANA) is what Cron, At and the windows are read in.
+	// Defaults to UTC.
+	Timezone string `yaml:"timezone"`
+	// Window and Windows ("HH:MM-HH:MM") are the allowed times of day.
+	// Defaults to always.
+	Window  string   `yaml:"window"`
+	Windows []string `yaml:"windows"`
+	// Jitter delays each fire by up to this much. Defaults to none.
+	Jitter Duration `yaml:"jitter"`
+	// Misfire is skip, once or all. Defaults to once. MisfireCap bounds
+	// "all". Defaults to 100.
+	Misfire    string `yaml:"misfire"`
+	MisfireCap int    `yaml:"misfire_cap"`
+	// Overlap is allow, forbid or replace. Defaults to allow.
+	Overlap string `yaml:"overlap"`
+	// MaxPerHour caps the fires in any hour. Defaults to no cap.
+	MaxPerHour  int      `yaml:"max_per_hour"`
+	Priority    int      `yaml:"priority"`
+	Timeout     Duration `yaml:"timeout"`
+	MaxAttempts int      `yaml:"max_attempts"`
+	Resource    string   `yaml:"resource"`
+	// Cooldown keeps jobs on Resource from firing until this long after a
+	// run on it finished. Defaults to none.
+	Cooldown    Duration `yaml:"cooldown"`
+	Description string   `yaml:"description"`
+	// Paused applies when the job is created; afterwards 'gantry job
+	// pause|resume' decides.
+	Paused bool `yaml:"paused"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("30s").
@@ -210,8 +233,8 @@ func (f *File) validate() error {
 			return fmt.Errorf("jobs[%d]: name %q must be set, unique, without spaces, '.', '*' or '>'", i, j.Name)
 		}
 		jobs[j.Name] = true
-		if j.Type == "" {
-			return fmt.Errorf("jobs[%d] (%s): type is required", i, j.Name)
+		if err := j.validate(i); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -1,0 +1,41 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestJobValidation(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, job, want string
+	}{
+		{"ok", `{name: a, type: noop, every: 1m, windows: ["08:00-17:00"], window: "20:00-22:00", misfire: all, misfire_cap: 3, overlap: forbid, cooldown: 1m, resource: cam1}`, ""},
+		{"cron ok", `{name: a, type: noop, cron: "0 3 * * *", timezone: Europe/Berlin}`, ""},
+		{"no type", `{name: a, every: 1m}`, "type is required"},
+		{"no trigger", `{name: a, type: noop}`, "exactly one of cron, every and at"},
+		{"two triggers", `{name: a, type: noop, every: 1m, cron: "* * * * *"}`, "exactly one"},
+		{"sub-second", `{name: a, type: noop, every: 500ms}`, "whole number of seconds"},
+		{"zone", `{name: a, type: noop, every: 1m, timezone: Mars/Base}`, "timezone"},
+		{"misfire", `{name: a, type: noop, every: 1m, misfire: later}`, "misfire"},
+		{"overlap", `{name: a, type: noop, every: 1m, overlap: queue}`, "overlap"},
+		{"window", `{name: a, type: noop, every: 1m, window: "8-17"}`, "window"},
+		{"cooldown", `{name: a, type: noop, every: 1m, cooldown: 1m}`, "cooldown needs a resource"},
+		{"unknown key", `{name: a, type: noop, every: 1m, colour: red}`, `unknown key "colour"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := Parse([]byte("jobs:\n  - " + tc.job + "\n"))
+			if tc.want == "" {
+				if err != nil {
+					t.Errorf("Parse = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Parse = %v, want ErrInvalid mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
