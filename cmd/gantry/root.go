@@ -65,6 +65,8 @@ Start everything in one process with 'gantry run'.`,
 		a.auditdCommand(),
 		a.healthdCommand(),
 		a.routeCommand(),
+		a.leaseCommand(),
+		a.resourceCommand(),
 	)
 	return root
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 
 	"github.com/spf13/cobra"
+
+	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/kv"
 )
 
 func (a *app) runCommand() *cobra.Command {
@@ -52,6 +55,23 @@ func (a *app) run(ctx context.Context, sf *serverFlags) error {
 	if err := p.addHTTP(sf.httpListen, httpConn); err != nil {
 		return err
 	}
+
+	// Keeper: registers the config's resources (an existing one keeps its
+	// state), records lease expiries (LEASE_EXPIRED) and returns resources
+	// whose holder's lease is gone to AVAILABLE (or FAULT, by policy).
+	_, keeperJS, err := p.connect(b, "keeper")
+	if err != nil {
+		return err
+	}
+	keeper, err := kv.NewKeeper(keeperJS, kv.KeeperConfig{
+		Audit:     audit.NewEmitter(keeperJS, "keeper", nil),
+		Logger:    log.With("component", "kv"),
+		Resources: resourceSpecs(cfg),
+	})
+	if err != nil {
+		return err
+	}
+	p.addActor("keeper", keeper)
 
 	// healthd: probes the config's egress routes, keeps their health in
 	// gantry_routes and answers 'gantry route probe'.

@@ -1,0 +1,343 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+// defaultLeaseTTL is the TTL of a lease taken from the command line.
+const defaultLeaseTTL = 30 * time.Second
+
+func (a *app) leaseCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "lease",
+		Short: "Take, renew, release and list resource leases; run a command under one",
+		Long: `A lease is an exclusive claim on a resource (a desktop application, a browser
+profile, a camera, a serial device) in the gantry_leases bucket. The broker
+expires it after its TTL unless its holder renews it; a lease held by another
+owner is never renewed, released or taken over (exit 3, naming the holder and
+its expiry).
+
+If the resource is registered ('gantry resource add', or the config file), a
+lease also moves it AVAILABLE -> LEASED and its release back to AVAILABLE; a
+DISABLED or FAULT resource cannot be leased. An unregistered id gets a plain
+lease.`,
+	}
+	cmd.AddCommand(
+		a.leaseAcquireCommand(),
+		a.leaseRenewCommand(),
+		a.leaseReleaseCommand(),
+		a.leaseLsCommand(),
+		a.leaseRunCommand(),
+	)
+	return cmd
+}
+
+// leaseStores connects and returns the resource store (and through it the
+// lease store). done flushes the audit events and closes the connection.
+func (a *app) leaseStores() (r *kv.Resources, done func(), err error) {
+	nc, js, err := a.client.connect("gantry-lease")
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err = kv.NewResources(js, kv.ResourcesConfig{Audit: audit.NewEmitter(js, "cli", clock.Real{})})
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return r, func() { flushAndClose(r, nc) }, nil
+}
+
+func flushAndClose(r *kv.Resources, nc *nats.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = r.Flush(ctx)
+	nc.Close()
+}
+
+// leaseExit maps the kv errors to the contract's exit codes.
+func leaseExit(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, kv.ErrConflict):
+		return withCode(exitConflict, err)
+	case errors.Is(err, kv.ErrNotFound):
+		return withCode(exitNotFound, err)
+	case errors.Is(err, kv.ErrIllegalMove), errors.Is(err, kv.ErrInvalid):
+		return withCode(exitUsage, err)
+	}
+	return err
+}
+
+// printLease prints one lease.
+func (a *app) printLease(l wire.Lease) error {
+	if a.json {
+		return a.printJSON(l)
+	}
+	return a.printLeases([]wire.Lease{l})
+}
+
+func (a *app) printLeases(ls []wire.Lease) error {
+	rows := make([][]string, 0, len(ls))
+	for _, l := range ls {
+		rows = append(rows, []string{l.Resource, l.Owner, l.ExpiresAt.Local().Format(time.RFC3339), strconv.FormatUint(l.Revision, 10)})
+	}
+	return a.printTable([]string{"RESOURCE", "OWNER", "EXPIRES", "REVISION"}, rows)
+}
+
+func (a *app) leaseAcquireCommand() *cobra.Command {
+	var owner string
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "acquire RES --owner O [--ttl D]",
+		Short: "Take the lease on a resource (exit 3 if another owner holds it)",
+		Long: `Acquire takes the lease on RES for owner O, for --ttl (whole seconds, at
+least 1 s). It does not renew it: renew it with 'gantry lease renew' before it
+lapses, or release it with 'gantry lease release'. If another owner holds RES,
+it exits 3 naming the holder and its expiry, and changes nothing. If O already
+holds it, the lease is renewed.`,
+		Args: exactArgs(1, "a resource id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if owner == "" {
+				return usageError("--owner is required")
+			}
+			r, done, err := a.leaseStores()
+			if err != nil {
+				return err
+			}
+			defer done()
+			rh, err := r.Lease(cmd.Context(), args[0], owner, ttl)
+			if err != nil {
+				return leaseExit(err)
+			}
+			return a.printLease(rh.Detach())
+		},
+	}
+	cmd.Flags().StringVar(&owner, "owner", "", "who holds the lease (required)")
+	cmd.Flags().DurationVar(&ttl, "ttl", defaultLeaseTTL, "how long the lease lasts unless renewed")
+	return cmd
+}
+
+// heldBy returns the current lease on resource if owner holds it: a
+// *ConflictError if someone else does, ErrNotFound if nobody does.
+func heldBy(ctx context.Context, l *kv.Leases, resource, owner string) (wire.Lease, error) {
+	cur, err := l.Get(ctx, resource)
+	if errors.Is(err, kv.ErrNotFound) {
+		return wire.Lease{}, fmt.Errorf("no lease on %s: %w", resource, kv.ErrNotFound)
+	}
+	if err != nil {
+		return wire.Lease{}, err
+	}
+	if cur.Owner != owner {
+		return wire.Lease{}, &kv.ConflictError{Resource: resource, Holder: cur.Owner, ExpiresAt: cur.ExpiresAt, Revision: cur.Revision}
+	}
+	return cur, nil
+}
+
+func (a *app) leaseRenewCommand() *cobra.Command {
+	var owner string
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "renew RES --owner O [--ttl D]",
+		Short: "Renew a lease you hold (exit 3 if another owner holds it, 4 if nobody does)",
+		Long: `Renew restarts the TTL of O's lease on RES (with --ttl, a new TTL; otherwise
+the one it was taken with). A lease held by another owner is never renewed:
+exit 3 naming the holder. No lease on RES (it lapsed or was released): exit 4.`,
+		Args: exactArgs(1, "a resource id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if owner == "" {
+				return usageError("--owner is required")
+			}
+			r, done, err := a.leaseStores()
+			if err != nil {
+				return err
+			}
+			defer done()
+			cur, err := heldBy(cmd.Context(), r.Leases(), args[0], owner)
+			if err != nil {
+				return leaseExit(err)
+			}
+			renewed, err := r.Leases().Renew(cmd.Context(), cur, ttl)
+			if err != nil {
+				return leaseExit(err)
+			}
+			return a.printLease(renewed)
+		},
+	}
+	cmd.Flags().StringVar(&owner, "owner", "", "who holds the lease (required)")
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "new TTL (default: the lease's own)")
+	return cmd
+}
+
+func (a *app) leaseReleaseCommand() *cobra.Command {
+	var owner string
+	cmd := &cobra.Command{
+		Use:   "release RES --owner O",
+		Short: "Release a lease you hold (exit 3 if another owner holds it, 4 if nobody does)",
+		Long: `Release gives up O's lease on RES; a registered resource returns to
+AVAILABLE. A lease held by another owner is never released: exit 3 naming the
+holder. No lease on RES: exit 4.`,
+		Args: exactArgs(1, "a resource id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if owner == "" {
+				return usageError("--owner is required")
+			}
+			r, done, err := a.leaseStores()
+			if err != nil {
+				return err
+			}
+			defer done()
+			cur, err := heldBy(cmd.Context(), r.Leases(), args[0], owner)
+			if err != nil {
+				return leaseExit(err)
+			}
+			return leaseExit(r.Release(cmd.Context(), cur, kv.Outcome{}))
+		},
+	}
+	cmd.Flags().StringVar(&owner, "owner", "", "who holds the lease (required)")
+	return cmd
+}
+
+func (a *app) leaseLsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "ls",
+		Short: "List the current leases",
+		Long: `Ls lists every live lease. With --json it prints an array of objects with
+resource, owner, expires_at and revision.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, done, err := a.leaseStores()
+			if err != nil {
+				return err
+			}
+			defer done()
+			ls, err := r.Leases().List(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printJSON(ls)
+			}
+			return a.printLeases(ls)
+		},
+	}
+}
+
+func (a *app) leaseRunCommand() *cobra.Command {
+	var owner string
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "run RES [--owner O] [--ttl D] -- CMD [ARGS...]",
+		Short: "Run a command while holding the lease on a resource",
+		Long: `Run checks and acquires the lease on RES, starts CMD, renews the lease every
+TTL/3 while CMD runs, releases it when CMD ends and exits with CMD's exit code.
+
+- If another owner holds RES (or RES is cooling down), it exits 3 without
+  starting CMD, naming the holder and its expiry. A DISABLED or FAULT resource
+  is refused with exit 1.
+- SIGINT and SIGTERM are forwarded to CMD's process group; gantry waits for
+  CMD to end.
+- If the lease is lost while CMD runs (renewals fail for 2/3 of the TTL, or
+  the lease was taken away), CMD's whole process tree is killed and gantry
+  exits 1 saying so.
+- CMD finds the resource in GANTRY_RESOURCE and the owner in
+  GANTRY_LEASE_OWNER. A non-zero exit of CMD is a task failure, not a
+  resource fault: the resource returns to AVAILABLE.
+
+--owner defaults to <host>/<pid>.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if cmd.ArgsLenAtDash() != 1 || len(args) < 2 {
+				return usageError("want RES -- CMD [ARGS...]")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if owner == "" {
+				host, _ := os.Hostname()
+				owner = fmt.Sprintf("%s/%d", host, os.Getpid())
+			}
+			return a.leaseRun(cmd.Context(), args[0], owner, ttl, args[1:])
+		},
+	}
+	cmd.Flags().StringVar(&owner, "owner", "", "who holds the lease (default <host>/<pid>)")
+	cmd.Flags().DurationVar(&ttl, "ttl", defaultLeaseTTL, "lease TTL; renewed every TTL/3")
+	return cmd
+}
+
+func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Duration, argv []string) error {
+	r, done, err := a.leaseStores()
+	if err != nil {
+		return err
+	}
+	defer done()
+	rh, err := r.Lease(ctx, resource, owner, ttl)
+	if err != nil {
+		return leaseExit(err)
+	}
+	finish := func() error {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		return rh.Finish(fctx, kv.Outcome{})
+	}
+	if err := rh.Start(ctx); err != nil {
+		return errors.Join(leaseExit(err), finish())
+	}
+	c := exec.Command(argv[0], argv[1:]...)
+	c.Stdin, c.Stdout, c.Stderr = a.stdin, a.stdout, a.stderr
+	c.Env = append(os.Environ(), "GANTRY_RESOURCE="+resource, "GANTRY_LEASE_OWNER="+owner)
+	newProcessGroup(c)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, forwardedSignals...)
+	defer signal.Stop(sigs)
+	if err := c.Start(); err != nil {
+		return errors.Join(withCode(exitFailure, fmt.Errorf("start %s: %w", argv[0], err)), finish())
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- c.Wait() }()
+	for {
+		select {
+		case s := <-sigs:
+			if err := signalTree(c, s); err != nil {
+				fmt.Fprintf(a.stderr, "gantry: forward %v to %s: %v\n", s, argv[0], err)
+			}
+		case <-rh.Context().Done():
+			killErr := killTree(c)
+			<-waited
+			cause := context.Cause(rh.Context())
+			if !errors.Is(cause, kv.ErrLeaseLost) {
+				// Our own context ended: stop the command, release.
+				return errors.Join(withCode(exitFailure, fmt.Errorf("%s stopped: %w", argv[0], cause)), killErr, finish())
+			}
+			lost := fmt.Errorf("lease on %s lost while %s ran (%v): killed its process tree", resource, argv[0], cause)
+			return withCode(exitFailure, errors.Join(lost, killErr))
+		case err := <-waited:
+			if ferr := finish(); ferr != nil {
+				fmt.Fprintf(a.stderr, "gantry: release %s: %v\n", resource, ferr)
+			}
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code := exitStatus(ee.ProcessState)
+				return withCode(code, fmt.Errorf("%s exited with code %d", argv[0], code))
+			}
+			if err != nil {
+				return withCode(exitFailure, fmt.Errorf("wait for %s: %w", argv[0], err))
+			}
+			return nil
+		}
+	}
+}

@@ -1,0 +1,241 @@
+//go:build !windows
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
+)
+
+// waitFile polls until path exists.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not created within 20s", path)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// startLeaseRun starts `gantry lease run` as a child process.
+func startLeaseRun(t *testing.T, url string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	c := gantryCmd(t, append([]string{"--server", url, "lease", "run"}, args...)...)
+	var out bytes.Buffer
+	c.Stdout, c.Stderr = &out, &out
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c.ProcessState == nil {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	})
+	return c, &out
+}
+
+// exitOf waits for c and returns its exit code.
+func exitOf(t *testing.T, c *exec.Cmd) int {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		_ = c.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("lease run did not exit within 30s")
+	}
+	return c.ProcessState.ExitCode()
+}
+
+// alive reports whether pid is a live (not zombie) process.
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	// The state follows the ") " that ends the command name.
+	i := bytes.LastIndex(stat, []byte(") "))
+	return i < 0 || stat[i+2] != 'Z'
+}
+
+func TestLeaseRunHoldsPastTTL(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	dir := t.TempDir()
+	started, stop := filepath.Join(dir, "started"), filepath.Join(dir, "stop")
+	c, out := startLeaseRun(t, env.URL, "cam1", "--owner", "runner", "--ttl", "1s", "--",
+		"sh", "-c", `[ "$GANTRY_RESOURCE" = cam1 ] && touch "$1"; while [ ! -f "$2" ]; do sleep 0.05; done`, "sh", started, stop)
+	waitFile(t, started)
+	// Three TTLs: the lease stays the runner's all along.
+	end := time.Now().Add(3 * time.Second)
+	for time.Now().Before(end) {
+		code, _, errs := leaseCLI(t, env.URL, "lease", "acquire", "cam1", "--owner", "other", "--ttl", "1s")
+		if code != exitConflict || !strings.Contains(errs, "held by runner") {
+			t.Fatalf("acquire while lease run holds = %d %q, want 3 naming runner", code, errs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := os.WriteFile(stop, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitOf(t, c); code != 0 {
+		t.Fatalf("lease run = exit %d (%s), want 0", code, out)
+	}
+	if code, out, _ := leaseCLI(t, env.URL, "lease", "ls", "--json"); code != exitOK || strings.TrimSpace(out) != "[]" {
+		t.Errorf("lease ls after lease run = %d %q, want []", code, out)
+	}
+}
+
+func TestLeaseRunExitCode(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	if code, _, errs := leaseCLI(t, env.URL, "resource", "add", "cam1"); code != exitOK {
+		t.Fatalf("add = %d %q", code, errs)
+	}
+	c, out := startLeaseRun(t, env.URL, "cam1", "--", "sh", "-c", "exit 7")
+	if code := exitOf(t, c); code != 7 {
+		t.Errorf("lease run of 'exit 7' = exit %d (%s), want 7", code, out)
+	}
+	// A failing command is a task failure: the resource is AVAILABLE.
+	if code, out, _ := leaseCLI(t, env.URL, "resource", "get", "cam1", "--json"); code != exitOK || !strings.Contains(out, `"state": "AVAILABLE"`) {
+		t.Errorf("resource after a failed command = %d %q, want AVAILABLE", code, out)
+	}
+}
+
+func TestLeaseRunConflictDoesNotStart(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	if code, _, errs := leaseCLI(t, env.URL, "lease", "acquire", "cam1", "--owner", "alice", "--ttl", "1m"); code != exitOK {
+		t.Fatalf("acquire = %d %q", code, errs)
+	}
+	ran := filepath.Join(t.TempDir(), "ran")
+	c, out := startLeaseRun(t, env.URL, "cam1", "--owner", "bob", "--", "touch", ran)
+	if code := exitOf(t, c); code != exitConflict || !strings.Contains(out.String(), "held by alice") {
+		t.Errorf("lease run on a held resource = exit %d (%s), want 3 naming alice", code, out)
+	}
+	if _, err := os.Stat(ran); err == nil {
+		t.Error("the command ran although the resource was held")
+	}
+}
+
+func TestLeaseRunLostKillsTree(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	dir := t.TempDir()
+	pidFile, started := filepath.Join(dir, "pid"), filepath.Join(dir, "started")
+	c, out := startLeaseRun(t, env.URL, "cam1", "--ttl", "1s", "--",
+		"sh", "-c", `sleep 300 & echo $! > "$1"; touch "$2"; wait`, "sh", pidFile, started)
+	waitFile(t, started)
+	data, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grandchild, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Someone purges the lease: the next renewal finds it lost.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bucket, err := env.JS.KeyValue(ctx, wire.BucketLeases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bucket.Purge(ctx, "cam1"); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitOf(t, c); code != exitFailure || !strings.Contains(out.String(), "lost") {
+		t.Errorf("lease run after losing its lease = exit %d (%s), want 1 saying lost", code, out)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(grandchild) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(grandchild, syscall.SIGKILL)
+			t.Fatal("the command's child survived the lost lease")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestLeaseRunForwardsSIGTERM(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	started := filepath.Join(t.TempDir(), "started")
+	c, out := startLeaseRun(t, env.URL, "cam1", "--",
+		"sh", "-c", `trap 'exit 42' TERM; touch "$1"; while :; do sleep 0.05; done`, "sh", started)
+	waitFile(t, started)
+	if err := c.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitOf(t, c); code != 42 {
+		t.Errorf("lease run after SIGTERM = exit %d (%s), want the command's 42", code, out)
+	}
+	if code, out, _ := leaseCLI(t, env.URL, "lease", "ls", "--json"); code != exitOK || strings.TrimSpace(out) != "[]" {
+		t.Errorf("lease ls after SIGTERM = %d %q, want [] (released)", code, out)
+	}
+}
+
+func TestRunReclaimsAfterRestart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "gantry.yaml")
+	if err := os.WriteFile(cfg, []byte("resources:\n  - {id: cam1, reclaim: fault}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "data")
+	args := []string{"run", "--data", data, "--nats-listen", "127.0.0.1:0", "--http-listen", "", "--config", cfg}
+	g, ready := startGantry(t, args...)
+	pidFile, started := filepath.Join(dir, "pid"), filepath.Join(dir, "started")
+	c, _ := startLeaseRun(t, ready.NATS, "cam1", "--ttl", "1s", "--", "sh", "-c", `echo $$ > "$1"; touch "$2"; sleep 300`, "sh", pidFile, started)
+	waitFile(t, started)
+	if code, out, _ := leaseCLI(t, ready.NATS, "resource", "get", "cam1", "--json"); !strings.Contains(out, `"state": "RUNNING"`) {
+		t.Fatalf("resource under lease run = %d %q, want RUNNING", code, out)
+	}
+	// gantry stops while the command runs: lease run's renewals fail, so it
+	// kills its command and exits 1; the resource is left RUNNING.
+	if err := g.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := exitOf(t, g); code != 0 {
+		t.Fatalf("gantry run after SIGTERM = exit %d", code)
+	}
+	if code := exitOf(t, c); code != exitFailure {
+		t.Errorf("lease run after the broker went away = exit %d, want 1", code)
+	}
+	// gantry restarts: its keeper finds cam1 RUNNING without a lease.
+	_, ready = startGantry(t, args...)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		_, out, _ := leaseCLI(t, ready.NATS, "resource", "get", "cam1", "--json")
+		if strings.Contains(out, `"state": "FAULT"`) && strings.Contains(out, "lost while RUNNING") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("resource after restart = %q, want FAULT (reclaim policy fault) with the reason", out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,255 @@
+package main
+
+import (
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/config"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+func (a *app) resourceCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "resource",
+		Short: "Register resources and move them through their states",
+		Long: `Resources live in the gantry_resources bucket, each in one of the states
+AVAILABLE, LEASED, RUNNING, COOLDOWN, FAULT and DISABLED. Tasks and 'gantry
+lease' move them AVAILABLE -> LEASED -> RUNNING -> AVAILABLE (or COOLDOWN, or
+FAULT on a resource failure); an operator can release (LEASED/RUNNING ->
+AVAILABLE), disable, enable, and move FAULT -> AVAILABLE or DISABLED. Any other
+move exits 2 naming from and to. DISABLED and FAULT resources cannot be leased.`,
+	}
+	cmd.AddCommand(
+		a.resourceAddCommand(),
+		a.resourceLsCommand(),
+		a.resourceGetCommand(),
+		a.resourceSetStateCommand(),
+		a.resourceDisableCommand(),
+		a.resourceEnableCommand(),
+	)
+	return cmd
+}
+
+// resourceJSON is a resource as `--json` prints it: every field of the
+// contract, present even when empty.
+type resourceJSON struct {
+	ID         string             `json:"id"`
+	State      wire.ResourceState `json:"state"`
+	LeaseOwner string             `json:"lease_owner"`
+	LeaseUntil *time.Time         `json:"lease_until"`
+	RouteID    string             `json:"route_id"`
+	LastError  string             `json:"last_error"`
+	UpdatedAt  time.Time          `json:"updated_at"`
+	Reclaim    kv.ReclaimPolicy   `json:"reclaim"`
+}
+
+func toResourceJSON(r kv.Resource) resourceJSON {
+	return resourceJSON{
+		ID: r.ID, State: r.State, LeaseOwner: r.LeaseOwner, LeaseUntil: r.LeaseUntil,
+		RouteID: r.RouteID, LastError: r.LastError, UpdatedAt: r.UpdatedAt, Reclaim: r.Reclaim,
+	}
+}
+
+// printResources prints resources as a table, or a JSON array.
+func (a *app) printResources(rs []kv.Resource) error {
+	if a.json {
+		out := make([]resourceJSON, 0, len(rs))
+		for _, r := range rs {
+			out = append(out, toResourceJSON(r))
+		}
+		return a.printJSON(out)
+	}
+	rows := make([][]string, 0, len(rs))
+	for _, r := range rs {
+		until := "-"
+		if r.LeaseUntil != nil {
+			until = r.LeaseUntil.Local().Format(time.RFC3339)
+		}
+		rows = append(rows, []string{r.ID, string(r.State), dash(r.LeaseOwner), until, dash(r.RouteID), dash(r.LastError), r.UpdatedAt.Local().Format(time.RFC3339)})
+	}
+	return a.printTable([]string{"ID", "STATE", "LEASE_OWNER", "LEASE_UNTIL", "ROUTE", "LAST_ERROR", "UPDATED"}, rows)
+}
+
+// printResource prints one resource, as a JSON object with --json.
+func (a *app) printResource(r kv.Resource) error {
+	if a.json {
+		return a.printJSON(toResourceJSON(r))
+	}
+	return a.printResources([]kv.Resource{r})
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (a *app) resourceAddCommand() *cobra.Command {
+	var route, reclaim string
+	cmd := &cobra.Command{
+		Use:   "add ID [--route R] [--reclaim available|fault]",
+		Short: "Register a resource (idempotent: an existing one keeps its state)",
+		Long: `Add registers resource ID as AVAILABLE. Adding an existing resource keeps its
+state and sets its route and reclaim policy. --reclaim says where the resource
+goes when it is found RUNNING after its holder's lease vanished (a crash):
+available (default) or fault (for an operator to check first).`,
+		Args: exactArgs(1, "a resource id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			policy, err := kv.ParseReclaimPolicy(reclaim)
+			if err != nil {
+				return usageError("%v", err)
+			}
+			r, done, err := a.leaseStores()
+			if err != nil {
+				return err
+			}
+			defer done()
+			res, err := r.Add(cmd.Context(), kv.ResourceSpec{ID: args[0], Route: route, Reclaim: policy})
+			if err != nil {
+				return leaseExit(err)
+			}
+			return a.printResource(res)
+		},
+	}
+	cmd.Flags().StringVar(&route, "route", "", "egress route the resource goes out through")
+	cmd.Flags().StringVar(&reclaim, "reclaim", "available", "state after a crash while RUNNING: available or fault")
+	return cmd
+}
+
+func (a *app) resourceLsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "ls",
+		Short: "List resources and their states",
+		Long: `Ls lists every resource. With --json it prints an array of objects with id,
+state, lease_owner, lease_until, route_id, last_error, updated_at and reclaim.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, done, err := a.leaseStores()
+			if err != nil {
+				return err
+			}
+			defer done()
+			rs, err := r.List(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return a.printResources(rs)
+		},
+	}
+}
+
+func (a *app) resourceGetCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "get ID",
+		Short: "Show one resource (exit 4 if unknown)",
+		Args:  exactArgs(1, "a resource id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, done, err := a.leaseStores()
+			if err != nil {
+				return err
+			}
+			defer done()
+			res, err := r.Get(cmd.Context(), args[0])
+			if err != nil {
+				return leaseExit(err)
+			}
+			return a.printResource(res)
+		},
+	}
+}
+
+func (a *app) resourceSetStateCommand() *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "set-state ID STATE --reason TEXT",
+		Short: "Move a resource to a state (exit 2 on an illegal move, 4 if unknown)",
+		Long: `Set-state moves resource ID to STATE (AVAILABLE, FAULT or DISABLED), recording
+the reason in the audit trail. A move the state machine does not allow, and
+moves to LEASED, RUNNING or COOLDOWN (which only a lease holder makes), exit 2
+naming from and to. Moving a leased resource to AVAILABLE leaves the lease
+itself to its holder.`,
+		Args: exactArgs(2, "a resource id and a state"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			to, err := wire.ParseResourceState(args[1])
+			if err != nil {
+				return usageError("%v", err)
+			}
+			if reason == "" {
+				return usageError("--reason is required")
+			}
+			r, done, err := a.leaseStores()
+			if err != nil {
+				return err
+			}
+			defer done()
+			res, err := r.SetState(cmd.Context(), args[0], to, reason)
+			if err != nil {
+				return leaseExit(err)
+			}
+			return a.printResource(res)
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (required; goes into the audit event)")
+	return cmd
+}
+
+func (a *app) resourceDisableCommand() *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "disable ID [--reason TEXT]",
+		Short: "Take a resource out of service: it cannot be leased until enabled",
+		Long: `Disable moves resource ID to DISABLED from any state. A holder already running
+on it keeps its lease until it finishes; the resource then stays DISABLED.`,
+		Args: exactArgs(1, "a resource id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, done, err := a.leaseStores()
+			if err != nil {
+				return err
+			}
+			defer done()
+			res, err := r.Disable(cmd.Context(), args[0], reason)
+			if err != nil {
+				return leaseExit(err)
+			}
+			return a.printResource(res)
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (goes into the audit event)")
+	return cmd
+}
+
+func (a *app) resourceEnableCommand() *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "enable ID [--reason TEXT]",
+		Short: "Return a DISABLED or FAULT resource to AVAILABLE",
+		Args:  exactArgs(1, "a resource id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, done, err := a.leaseStores()
+			if err != nil {
+				return err
+			}
+			defer done()
+			res, err := r.Enable(cmd.Context(), args[0], reason)
+			if err != nil {
+				return leaseExit(err)
+			}
+			return a.printResource(res)
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (goes into the audit event)")
+	return cmd
+}
+
+// resourceSpecs turns the config file's resources into what the keeper
+// registers at start.
+func resourceSpecs(cfg *config.File) []kv.ResourceSpec {
+	specs := make([]kv.ResourceSpec, 0, len(cfg.Resources))
+	for _, r := range cfg.Resources {
+		specs = append(specs, kv.ResourceSpec{ID: r.ID, Route: r.Route, Reclaim: kv.ReclaimPolicy(r.Reclaim)})
+	}
+	return specs
+}
