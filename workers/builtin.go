@@ -1,0 +1,187 @@
+package workers
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+// decodePayload decodes a task's payload into v; unknown fields and wrong
+// types are permanent failures.
+func decodePayload(t *Task, v any) error {
+	if len(t.Payload) == 0 || string(t.Payload) == "null" {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(t.Payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return permanentf("%s payload: %v", t.Type, err)
+	}
+	return nil
+}
+
+// runNoop is the built-in noop: it succeeds after the optional sleep.
+func (w *Workers) runNoop(ctx context.Context, t *Task) error {
+	var p wire.NoopPayload
+	if err := decodePayload(t, &p); err != nil {
+		return err
+	}
+	if p.Sleep == "" {
+		return nil
+	}
+	d, err := time.ParseDuration(p.Sleep)
+	if err != nil || d < 0 {
+		return permanentf("noop payload: sleep %q: want a Go duration such as 1s", p.Sleep)
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// runHTTP is the built-in http: 2xx succeeds; 429 and 503 are delayed
+// retries honouring Retry-After; other 5xx, resets and timeouts are
+// retried; other statuses are permanent failures.
+func (w *Workers) runHTTP(ctx context.Context, t *Task) error {
+	var p wire.HTTPPayload
+	if err := decodePayload(t, &p); err != nil {
+		return err
+	}
+	u, err := url.Parse(p.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return permanentf("http payload: url %q: want an absolute http:// or https:// URL", p.URL)
+	}
+	method := strings.ToUpper(cmp.Or(p.Method, http.MethodGet))
+	req, err := http.NewRequestWithContext(ctx, method, p.URL, strings.NewReader(p.Body))
+	if err != nil {
+		return permanentf("http payload: %v", err)
+	}
+	for k, v := range p.Headers {
+		req.Header.Set(k, v)
+	}
+	client := w.cfg.HTTPClient
+	routeID := ""
+	if p.Route != "" {
+		if w.cfg.Routes == nil {
+			return permanentf("http payload: route %q asked, but this worker has no egress routes configured", p.Route)
+		}
+		rt, id, err := w.cfg.Routes.Transport(ctx, p.Route)
+		if err != nil {
+			return fmt.Errorf("route %s: %w", p.Route, err)
+		}
+		routeID = id
+		client = &http.Client{Transport: rt, Timeout: client.Timeout}
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		if routeID != "" {
+			w.cfg.Routes.Report(context.WithoutCancel(ctx), routeID, err)
+		}
+		return fmt.Errorf("http %s %s: %w", method, p.URL, err)
+	}
+	defer resp.Body.Close()
+	if routeID != "" {
+		w.cfg.Routes.Report(context.WithoutCancel(ctx), routeID, nil)
+	}
+	tail := newTail(w.cfg.OutputTail)
+	_, copyErr := io.Copy(tail, resp.Body)
+	t.SetOutput(tail.String())
+	status := fmt.Errorf("http %s %s: %s", method, p.URL, resp.Status)
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		if copyErr != nil {
+			return fmt.Errorf("http %s %s: read body: %w", method, p.URL, copyErr)
+		}
+		return nil
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
+		return RetryAfter(status, parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()))
+	case resp.StatusCode >= 500:
+		return status
+	default:
+		return Permanent(status)
+	}
+}
+
+// parseRetryAfter reads a Retry-After header: seconds or an HTTP date. Zero
+// means no usable hint.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0)
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		return d
+	}
+	return 0
+}
+
+// runRemote sends the task to the handler answering on
+// gantry.handlers.<type>.
+func (w *Workers) runRemote(ctx context.Context, t *Task) error {
+	cp, err := t.Checkpoint(ctx)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(wire.HandlerRequest{ID: t.ID, Type: t.Type, Queue: t.Queue, Attempt: t.Attempt,
+		Payload: t.Payload, Resource: t.Resource, Checkpoint: cp, Deadline: t.Deadline})
+	if err != nil {
+		return fmt.Errorf("encode handler request: %w", err)
+	}
+	subj := wire.HandlerSubject(t.Type)
+	msg := nats.NewMsg(subj)
+	msg.Data = data
+	msg.Header.Set(nats.MsgIdHdr, t.ID)
+	resp, err := w.nc.RequestMsgWithContext(ctx, msg)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return permanentf("unknown task type %q: no built-in or registered handler, and no service answers on %s", t.Type, subj)
+	}
+	if err != nil {
+		return fmt.Errorf("handler %s: %w", subj, err)
+	}
+	if raw := resp.Header.Get(wire.HeaderCheckpoint); raw != "" {
+		var cp wire.Checkpoint
+		if err := json.Unmarshal([]byte(raw), &cp); err != nil {
+			w.log.Warn("bad checkpoint from handler", "task_id", t.ID, "err", err)
+		} else if err := t.SaveCheckpoint(ctx, cp); err != nil {
+			return err
+		}
+	}
+	if len(resp.Data) > 0 {
+		t.SetOutput(tailString(string(resp.Data), w.cfg.OutputTail))
+	}
+	msgErr := resp.Header.Get(wire.HeaderError)
+	if msgErr == "" {
+		return nil
+	}
+	herr := fmt.Errorf("handler %s: %s", subj, msgErr)
+	switch resp.Header.Get(wire.HeaderErrorClass) {
+	case wire.ErrorClassPermanent:
+		return Permanent(herr)
+	case wire.ErrorClassDelay:
+		return RetryAfter(herr, parseRetryAfter(resp.Header.Get(wire.HeaderRetryAfter), time.Now()))
+	}
+	return herr
+}

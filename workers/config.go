@@ -1,0 +1,228 @@
+package workers
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/clock"
+)
+
+// Config configures the workers of one process.
+type Config struct {
+	// Name identifies this worker in task records, logs and resource
+	// leases. Defaults to <host>-<pid>.
+	Name string
+	// Queues are the queues to consume. Defaults to one queue, "default".
+	Queues []Queue
+	// Policy is the retry and timeout policy of every queue, under the
+	// queue's, the type's and the task's own settings. Zero fields take
+	// the defaults of Policy.
+	Policy Policy
+	// MaxPayload bounds the size of a task message; a larger one is
+	// rejected. Defaults to 1 MiB.
+	MaxPayload int
+	// MaxDelays bounds the delayed retries of one task (they do not use up
+	// its attempts); past it the task goes to NEEDS_REVIEW. Defaults to
+	// 100.
+	MaxDelays int
+	// MaxDeliver is the consumers' MaxDeliver: a backstop for tasks whose
+	// worker dies on every delivery. Defaults to 1000.
+	MaxDeliver int
+	// KeyTTL is how long a task's key deduplicates. Defaults to 24 hours,
+	// the stream's Nats-Msg-Id window.
+	KeyTTL time.Duration
+	// StateDelay is how long a task runs before its RUNNING state is
+	// written; a task that ends sooner writes only its final state.
+	// Defaults to 250 ms. The TASK_STARTED event is emitted at once.
+	StateDelay time.Duration
+	// OutputTail bounds the output (stdout, stderr, response body) kept per
+	// attempt. Defaults to 4 KiB.
+	OutputTail int
+	// KillGrace is how long an exec'd process tree has between SIGTERM and
+	// SIGKILL on timeout or cancel. Defaults to 5 s.
+	KillGrace time.Duration
+	// Routes gives http tasks with a route their transport. Nil makes such
+	// tasks fail permanently.
+	Routes RoutePicker
+	// Resources leases the resource a task names. Nil makes such tasks fail
+	// permanently.
+	Resources Resources
+	// HTTPClient sends http tasks without a route. Defaults to a client
+	// with Go's default transport.
+	HTTPClient *http.Client
+	// Clock tells the time of backoff and not_before decisions. Defaults to
+	// the real clock.
+	Clock clock.Clock
+	// Logger receives the workers' logs. Defaults to a discarding logger.
+	Logger *slog.Logger
+}
+
+// Queue is one queue workers consume.
+type Queue struct {
+	// Name is the queue's subject token: tasks are on
+	// gantry.tasks.<name>.<type>.
+	Name string
+	// Concurrency is the queue consumer's MaxAckPending: how many of its
+	// tasks run at once across every worker. Defaults to 64.
+	Concurrency int
+	// AckWait is the ack deadline of a delivery; a running task heartbeats
+	// every AckWait/3. Defaults to 30 s.
+	AckWait time.Duration
+	// Policy overrides Config.Policy for this queue.
+	Policy Policy
+	// Types sets per-type concurrency and policy. A queue where any type
+	// has a Concurrency gets one consumer per listed type instead of one
+	// for the whole queue, and then runs only the types listed.
+	Types map[string]Type
+}
+
+// Type is the setting of one task type in a queue.
+type Type struct {
+	// Concurrency is this type's MaxAckPending. Zero means the queue's.
+	Concurrency int
+	// Policy overrides the queue's policy for this type.
+	Policy Policy
+}
+
+// Policy is how a task is retried and bounded. A task's own max_attempts
+// and timeout override it.
+type Policy struct {
+	// MaxAttempts bounds the runs of a task. Defaults to 5.
+	MaxAttempts int
+	// BackoffBase and BackoffMax give the delay before retry n (n ≥ 1):
+	// min(base·2^(n-1), max), with ±20% jitter. Default to 1 s and 5 min.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+	// Delay is the wait of a delayed retry that carries no hint (an exec
+	// delay exit code, a busy resource). Defaults to 30 s.
+	Delay time.Duration
+	// Timeout bounds one attempt. Defaults to 10 min.
+	Timeout time.Duration
+	// MaxRuntime is the hard maximum of one attempt, whatever the task
+	// asks. Defaults to 24 h.
+	MaxRuntime time.Duration
+}
+
+// RoutePicker gives http tasks the transport of an egress route. The
+// healthd side implements it.
+type RoutePicker interface {
+	// Transport returns a round tripper going out through route ("auto":
+	// the best available route) and the id of the route chosen. An error
+	// with a RetryAfter() time.Duration method (a route in cooldown) is a
+	// delayed retry.
+	Transport(ctx context.Context, route string) (rt http.RoundTripper, routeID string, err error)
+	// Report tells how a request through routeID went (err nil: fine).
+	Report(ctx context.Context, routeID string, err error)
+}
+
+// Resources leases a task's resource. The kv resource store implements it.
+type Resources interface {
+	// Lease takes resource id for owner. An error with a RetryAfter()
+	// time.Duration method (busy, cooldown) is a delayed retry; one with a
+	// Permanent() bool method returning true (disabled) is permanent.
+	Lease(ctx context.Context, id, owner string, ttl time.Duration) (Holder, error)
+}
+
+// Holder is a lease on a resource while a task runs.
+type Holder interface {
+	// Start moves the resource to RUNNING; Context ends if the lease is
+	// lost.
+	Start(ctx context.Context) error
+	Context() context.Context
+	// Finish releases the lease: fault is non-nil when the task failed
+	// because of the resource, which then goes to FAULT.
+	Finish(ctx context.Context, fault error) error
+}
+
+func (p Policy) or(q Policy) Policy {
+	return Policy{
+		MaxAttempts: cmp.Or(p.MaxAttempts, q.MaxAttempts),
+		BackoffBase: cmp.Or(p.BackoffBase, q.BackoffBase),
+		BackoffMax:  cmp.Or(p.BackoffMax, q.BackoffMax),
+		Delay:       cmp.Or(p.Delay, q.Delay),
+		Timeout:     cmp.Or(p.Timeout, q.Timeout),
+		MaxRuntime:  cmp.Or(p.MaxRuntime, q.MaxRuntime),
+	}
+}
+
+// defaultPolicy holds the documented defaults.
+var defaultPolicy = Policy{
+	MaxAttempts: 5,
+	BackoffBase: time.Second,
+	BackoffMax:  5 * time.Minute,
+	Delay:       30 * time.Second,
+	Timeout:     10 * time.Minute,
+	MaxRuntime:  24 * time.Hour,
+}
+
+func (c Config) withDefaults() (Config, error) {
+	host, _ := os.Hostname()
+	c.Name = cmp.Or(c.Name, cmp.Or(host, "worker")+"-"+strconv.Itoa(os.Getpid()))
+	c.Queues = slices.Clone(c.Queues)
+	if len(c.Queues) == 0 {
+		c.Queues = []Queue{{Name: wire.DefaultQueue}}
+	}
+	c.Policy = c.Policy.or(defaultPolicy)
+	c.MaxPayload = cmp.Or(c.MaxPayload, 1<<20)
+	c.MaxDelays = cmp.Or(c.MaxDelays, 100)
+	c.MaxDeliver = cmp.Or(c.MaxDeliver, 1000)
+	c.KeyTTL = cmp.Or(c.KeyTTL, 24*time.Hour)
+	c.StateDelay = cmp.Or(c.StateDelay, 250*time.Millisecond)
+	c.OutputTail = cmp.Or(c.OutputTail, 4096)
+	c.KillGrace = cmp.Or(c.KillGrace, 5*time.Second)
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{}
+	}
+	c.Clock = cmp.Or[clock.Clock](c.Clock, clock.Real{})
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.KeyTTL < time.Second {
+		return c, fmt.Errorf("key ttl %v: want at least 1s", c.KeyTTL)
+	}
+	seen := map[string]bool{}
+	for i := range c.Queues {
+		q := &c.Queues[i]
+		if !wire.ValidToken(q.Name) {
+			return c, fmt.Errorf("queue %q: want a non-empty name without spaces, '.', '*' or '>'", q.Name)
+		}
+		if seen[q.Name] {
+			return c, fmt.Errorf("queue %q listed twice", q.Name)
+		}
+		seen[q.Name] = true
+		q.Concurrency = cmp.Or(q.Concurrency, 64)
+		q.AckWait = cmp.Or(q.AckWait, 30*time.Second)
+		if q.AckWait < 100*time.Millisecond {
+			return c, fmt.Errorf("queue %s: ack wait %v: want at least 100ms", q.Name, q.AckWait)
+		}
+		if q.Concurrency < 1 {
+			return c, fmt.Errorf("queue %s: concurrency %d: want at least 1", q.Name, q.Concurrency)
+		}
+		for typ, t := range q.Types {
+			if !wire.ValidToken(typ) {
+				return c, fmt.Errorf("queue %s: type %q: want a name without spaces, '.', '*' or '>'", q.Name, typ)
+			}
+			if t.Concurrency < 0 {
+				return c, fmt.Errorf("queue %s: type %s: concurrency %d: want at least 0", q.Name, typ, t.Concurrency)
+			}
+		}
+	}
+	if c.Policy.MaxAttempts < 1 {
+		return c, errors.New("max attempts: want at least 1")
+	}
+	return c, nil
+}
+
+// policy returns the policy of typ in queue q.
+func (c Config) policy(q *Queue, typ string) Policy {
+	return q.Types[typ].Policy.or(q.Policy).or(c.Policy)
+}

@@ -1,0 +1,177 @@
+package workers
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+// procTree is the process tree of one exec'd task: a process group on
+// Unix, a Job Object on Windows.
+type procTree interface {
+	// terminate asks every process of the tree to stop (SIGTERM).
+	terminate() error
+	// kill kills every process of the tree.
+	kill() error
+	// release frees what the tree holds, killing what is left of it.
+	release()
+}
+
+// runExec is the built-in exec: it runs the payload's command as a process
+// tree that timeout and cancel kill as a whole.
+func (w *Workers) runExec(ctx context.Context, t *Task) error {
+	var p wire.ExecPayload
+	if err := decodePayload(t, &p); err != nil {
+		return err
+	}
+	if len(p.Cmd) == 0 || p.Cmd[0] == "" {
+		return permanentf("exec payload: cmd is empty: want [\"prog\", \"arg\", …]")
+	}
+	cpFile, cpBefore, err := w.checkpointFile(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(cpFile)
+
+	cmd := exec.Command(p.Cmd[0], p.Cmd[1:]...)
+	cmd.Dir = p.Dir
+	env := os.Environ()
+	for k, v := range p.Env {
+		env = append(env, k+"="+v)
+	}
+	env = append(env, wire.EnvTaskID+"="+t.ID, wire.EnvAttempt+"="+strconv.Itoa(t.Attempt), wire.EnvCheckpointFile+"="+cpFile)
+	if t.Resource != "" {
+		env = append(env, wire.EnvResource+"="+t.Resource)
+	}
+	cmd.Env = env
+	cmd.Stdin = strings.NewReader(p.Stdin)
+	stdout, stderr := newTail(w.cfg.OutputTail), newTail(w.cfg.OutputTail)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.WaitDelay = w.cfg.KillGrace
+	prepare(cmd)
+	if err := cmd.Start(); err != nil {
+		return permanentf("exec %s: %v", p.Cmd[0], err)
+	}
+	tree, err := track(cmd)
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return fmt.Errorf("exec %s: %w", p.Cmd[0], err)
+	}
+	defer tree.release()
+
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var waitErr error
+	stopped := false
+	select {
+	case waitErr = <-done:
+	case <-ctx.Done():
+		stopped = true
+		_ = tree.terminate()
+		grace := time.NewTimer(w.cfg.KillGrace)
+		select {
+		case waitErr = <-done:
+			grace.Stop()
+		case <-grace.C:
+			_ = tree.kill()
+			waitErr = <-done
+		}
+	}
+	// Nothing of the task's tree outlives the task.
+	_ = tree.kill()
+
+	t.SetOutput(joinOutput(stdout.String(), stderr.String()))
+	w.saveCheckpointFile(ctx, t, cpFile, cpBefore)
+	if stopped {
+		return fmt.Errorf("exec %s: stopped: %w", p.Cmd[0], context.Cause(ctx))
+	}
+	if waitErr == nil {
+		return nil
+	}
+	var ee *exec.ExitError
+	if !errors.As(waitErr, &ee) {
+		return fmt.Errorf("exec %s: %w", p.Cmd[0], waitErr)
+	}
+	code := ee.ExitCode()
+	failure := fmt.Errorf("exec %s: exit code %d", p.Cmd[0], code)
+	if line := lastLine(stderr.String()); line != "" {
+		failure = fmt.Errorf("%w: %s", failure, line)
+	}
+	switch {
+	case slices.Contains(p.FailExitCodes, code):
+		return Permanent(failure)
+	case slices.Contains(p.DelayExitCodes, code):
+		return RetryAfter(failure, 0)
+	}
+	return failure
+}
+
+// checkpointFile writes the task's last checkpoint to a new file for the
+// process to read and overwrite.
+func (w *Workers) checkpointFile(ctx context.Context, t *Task) (string, []byte, error) {
+	cp, err := t.Checkpoint(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	f, err := os.CreateTemp("", "gantry-checkpoint-*.json")
+	if err != nil {
+		return "", nil, fmt.Errorf("checkpoint file: %w", err)
+	}
+	defer f.Close()
+	var data []byte
+	if cp != nil {
+		if data, err = json.Marshal(cp); err != nil {
+			return "", nil, fmt.Errorf("encode checkpoint: %w", err)
+		}
+		if _, err := f.Write(data); err != nil {
+			return "", nil, fmt.Errorf("checkpoint file: %w", err)
+		}
+	}
+	return f.Name(), data, nil
+}
+
+// saveCheckpointFile saves what the process left in its checkpoint file,
+// if it changed it.
+func (w *Workers) saveCheckpointFile(ctx context.Context, t *Task, path string, before []byte) {
+	data, err := os.ReadFile(path)
+	if err != nil || len(bytes.TrimSpace(data)) == 0 || bytes.Equal(data, before) {
+		return
+	}
+	var cp wire.Checkpoint
+	if err := json.Unmarshal(data, &cp); err != nil {
+		w.log.Warn("checkpoint file is not a checkpoint", "task_id", t.ID, "err", err)
+		return
+	}
+	if err := t.SaveCheckpoint(context.WithoutCancel(ctx), cp); err != nil {
+		w.log.Warn("save checkpoint", "task_id", t.ID, "err", err)
+	}
+}
+
+func joinOutput(stdout, stderr string) string {
+	switch {
+	case stderr == "":
+		return stdout
+	case stdout == "":
+		return stderr
+	}
+	return stdout + "\n--- stderr ---\n" + stderr
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return tailString(s, 200)
+}

@@ -1,0 +1,422 @@
+package workers
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+// taskID is a task's id: its own, else its Nats-Msg-Id when that can name a
+// task, else a ULID derived from the message's time and stream sequence,
+// the same on every delivery.
+func taskID(t wire.Task, msgID string, ts time.Time, seq uint64) string {
+	if t.ID != "" {
+		return t.ID
+	}
+	if wire.ValidTaskID(msgID) {
+		return msgID
+	}
+	var entropy [10]byte
+	binary.BigEndian.PutUint64(entropy[2:], seq)
+	var u ulid.ULID
+	_ = u.SetTime(ulid.Timestamp(ts))
+	_ = u.SetEntropy(entropy[:])
+	return u.String()
+}
+
+// delivery is one delivery of a task message being handled.
+type delivery struct {
+	w    *Workers
+	msg  jetstream.Msg
+	meta *jetstream.MsgMetadata
+	sp   *spec
+	task wire.Task
+	pol  Policy
+	rec  wire.TaskRecord
+
+	// mu orders the state writes of the delivery: the delayed RUNNING
+	// write never lands after the final one.
+	mu    sync.Mutex
+	final bool
+}
+
+// process handles one delivered message from decoding to its ack, nak or
+// term.
+func (w *Workers) process(ctx context.Context, sp *spec, m jetstream.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		w.log.Error("message without metadata", "subject", m.Subject(), "err", err)
+		_ = m.Term()
+		return
+	}
+	d := &delivery{w: w, msg: m, meta: meta, sp: sp}
+	d.run(ctx)
+}
+
+func (d *delivery) run(ctx context.Context) {
+	w, m, meta := d.w, d.msg, d.meta
+	now := w.cfg.Clock.Now()
+	queue, typ, err := wire.ParseTaskSubject(m.Subject())
+	if err != nil {
+		queue, typ = d.sp.queue.Name, "unknown"
+	}
+	task, decErr := DecodeTask(m.Data(), w.cfg.MaxPayload)
+	d.task = task
+	id := taskID(task, m.Headers().Get(jetstream.MsgIDHeader), meta.Timestamp, meta.Sequence.Stream)
+	d.rec = wire.TaskRecord{
+		TaskInfo: wire.TaskInfo{ID: id, Type: typ, Queue: queue, State: wire.TaskWaiting,
+			Resource: task.Resource, CreatedAt: meta.Timestamp, UpdatedAt: now},
+		Deliveries: int(meta.NumDelivered), MaxAttempts: task.MaxAttempts, Priority: task.Priority,
+		Key: task.Key, NotBefore: task.NotBefore, Seq: meta.Sequence.Stream, Worker: w.cfg.Name,
+	}
+	if decErr == nil && err != nil {
+		decErr = fmt.Errorf("%w: %v", ErrBadTask, err)
+	}
+	if decErr != nil {
+		d.reject(ctx, decErr)
+		return
+	}
+	d.pol = w.cfg.policy(d.sp.queue, typ)
+	if task.MaxAttempts > 0 {
+		d.pol.MaxAttempts = task.MaxAttempts
+	}
+	if task.Timeout != "" {
+		d.pol.Timeout, _ = time.ParseDuration(task.Timeout)
+	}
+	d.pol.Timeout = min(d.pol.Timeout, d.pol.MaxRuntime)
+	d.rec.MaxAttempts = d.pol.MaxAttempts
+
+	// A redelivery: what happened before is in the task's record.
+	if meta.NumDelivered > 1 {
+		prev, _, err := w.tasks.Get(ctx, id)
+		switch {
+		case errors.Is(err, kv.ErrTaskNotFound):
+		case err != nil:
+			w.log.Warn("read task state", "task_id", id, "err", err)
+			d.nak(time.Second)
+			return
+		case prev.Seq == 0 || prev.Seq == meta.Sequence.Stream:
+			d.rec.CreatedAt = prev.CreatedAt
+			d.rec.Delays = prev.Delays
+			d.rec.LastError = prev.LastError
+			switch prev.State {
+			case wire.TaskSucceeded:
+				d.ack()
+				return
+			case wire.TaskNeedsReview:
+				d.term("already in NEEDS_REVIEW")
+				return
+			case wire.TaskCancelled:
+				d.rec = prev
+				d.finishCancelled(ctx)
+				return
+			}
+		}
+	}
+
+	if task.Key != "" {
+		owner, err := w.cps.ClaimKey(ctx, task.Key, id, w.cfg.KeyTTL)
+		if err != nil {
+			w.log.Warn("claim task key", "task_id", id, "err", err)
+			d.nak(time.Second)
+			return
+		}
+		if owner != id {
+			w.emitAsync(wire.Event{Type: wire.EventTaskRejected, Level: wire.LevelInfo, TaskID: id,
+				Message: fmt.Sprintf("duplicate: key %q belongs to task %s", task.Key, owner),
+				Payload: audit.Payload(map[string]any{"key": task.Key, "duplicate_of": owner})})
+			d.term("duplicate key")
+			return
+		}
+	}
+
+	attempt := int(meta.NumDelivered) - d.rec.Delays
+	d.rec.Attempts = attempt - 1
+	if attempt > d.pol.MaxAttempts {
+		d.rec.Attempts = attempt - 1
+		d.needsReview(ctx, fmt.Errorf("attempts exhausted: %d deliveries ended without an outcome (did a worker stop or crash?)", attempt-1))
+		return
+	}
+	if task.NotBefore != nil && now.Before(*task.NotBefore) {
+		d.delay(ctx, task.NotBefore.Sub(now), wire.TaskWaiting, fmt.Errorf("not before %s", task.NotBefore.Format(time.RFC3339)))
+		return
+	}
+	d.rec.Attempts = attempt
+	d.execute(ctx, attempt)
+}
+
+// execute runs the handler of one attempt and settles the message.
+func (d *delivery) execute(ctx context.Context, attempt int) {
+	w, m := d.w, d.msg
+	id := d.rec.ID
+	first := attempt == 1 && d.meta.NumDelivered == 1
+	if first && m.Headers().Get(wire.HeaderCreated) == "" {
+		w.emitAsync(wire.Event{Type: wire.EventTaskCreated, TaskID: id, ResourceID: d.rec.Resource,
+			Message: "task received", Payload: audit.Payload(map[string]any{"queue": d.rec.Queue, "type": d.rec.Type, "seq": d.rec.Seq})})
+	}
+	w.emitAsync(wire.Event{Type: wire.EventTaskStarted, TaskID: id, ResourceID: d.rec.Resource,
+		Message: "task started", Payload: audit.Payload(map[string]any{"attempt": attempt, "worker": w.cfg.Name, "type": d.rec.Type})})
+
+	tctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	untrack := w.track(id, cancel)
+	defer untrack()
+
+	start := time.Now()
+	deadline := w.cfg.Clock.Now().Add(d.pol.Timeout)
+	tctx, cancelTimeout := context.WithTimeoutCause(tctx, d.pol.Timeout, ErrTimeout)
+	defer cancelTimeout()
+
+	// RUNNING is written only if the task outlives StateDelay.
+	runningTimer := time.AfterFunc(w.cfg.StateDelay, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.final {
+			return
+		}
+		rec := d.rec
+		rec.State = wire.TaskRunning
+		rec.UpdatedAt = w.cfg.Clock.Now()
+		rec.RetryAt = nil
+		if f, err := w.tasks.PutAsync(rec); err == nil {
+			w.await(pendingWrite{f: f})
+		}
+	})
+	defer runningTimer.Stop()
+
+	// Heartbeat: keep the delivery while the task runs.
+	hbDone := make(chan struct{})
+	defer close(hbDone)
+	go func() {
+		t := time.NewTicker(max(d.sp.queue.AckWait/3, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-hbDone:
+				return
+			case <-t.C:
+				if err := m.InProgress(); err != nil {
+					w.log.Debug("heartbeat", "task_id", id, "err", err)
+				}
+			}
+		}
+	}()
+
+	t := &Task{ID: id, Type: d.rec.Type, Queue: d.rec.Queue, Attempt: attempt, Payload: d.task.Payload,
+		Resource: d.rec.Resource, Deadline: deadline, cps: w.cps}
+	err := d.call(tctx, t)
+	if err != nil {
+		if cause := context.Cause(tctx); cause != nil && tctx.Err() != nil {
+			switch {
+			case errors.Is(cause, ErrTimeout):
+				err = fmt.Errorf("timed out after %v: %w", d.pol.Timeout, err)
+			case errors.Is(cause, ErrCancelled), errors.Is(cause, errInterrupted):
+				err = fmt.Errorf("%w: %w", cause, err)
+			case ctx.Err() != nil:
+				err = fmt.Errorf("%w: %w", errInterrupted, err)
+			}
+		}
+	}
+	d.rec.Output = t.outputText()
+	w.log.Debug("attempt ended", "task_id", id, "attempt", attempt, "duration", time.Since(start), "err", err)
+	d.settle(context.WithoutCancel(ctx), t, err)
+}
+
+// call runs the handler, turning a panic into a retryable error.
+func (d *delivery) call(ctx context.Context, t *Task) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			d.w.log.Error("handler panicked", "task_id", t.ID, "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return d.w.handler(t.Type).Run(ctx, t)
+}
+
+// settle records the outcome of an attempt and acks, naks or terms.
+func (d *delivery) settle(ctx context.Context, t *Task, err error) {
+	if err == nil {
+		d.succeed(ctx, t)
+		return
+	}
+	d.rec.LastError = err.Error()
+	c, hint := classify(err)
+	switch c {
+	case classCancelled:
+		d.finishCancelled(ctx)
+	case classInterrupted:
+		d.delay(ctx, 0, wire.TaskWaiting, err)
+	case classPermanent:
+		d.needsReview(ctx, err)
+	case classDelay:
+		if hint <= 0 {
+			hint = d.pol.Delay
+		}
+		d.delay(ctx, hint, wire.TaskRetryWait, err)
+	default:
+		if d.rec.Attempts >= d.pol.MaxAttempts {
+			d.needsReview(ctx, fmt.Errorf("attempts exhausted (%d): %w", d.rec.Attempts, err))
+			return
+		}
+		wait := backoff(d.pol, d.rec.Attempts, jitter)
+		at := d.w.cfg.Clock.Now().Add(wait)
+		d.rec.State = wire.TaskRetryWait
+		d.rec.RetryAt = &at
+		d.write(ctx, true)
+		d.w.emitAsync(wire.Event{Type: wire.EventRetryScheduled, Level: wire.LevelWarn, TaskID: d.rec.ID, ResourceID: d.rec.Resource,
+			Message: d.rec.LastError, Payload: audit.Payload(map[string]any{"attempt": d.rec.Attempts, "class": c.String(), "delay": wait.String(), "retry_at": at})})
+		d.nak(wait)
+	}
+}
+
+func (d *delivery) succeed(ctx context.Context, t *Task) {
+	if t.touched.Load() {
+		if err := d.w.cps.Clear(ctx, d.rec.ID); err != nil {
+			d.w.log.Warn("clear checkpoint", "task_id", d.rec.ID, "err", err)
+		}
+	}
+	d.rec.State = wire.TaskSucceeded
+	d.rec.LastError = ""
+	d.rec.RetryAt = nil
+	d.write(ctx, true)
+	d.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: d.rec.ID, ResourceID: d.rec.Resource, Message: "task succeeded",
+		Payload: audit.Payload(map[string]any{"state": wire.TaskSucceeded, "attempts": d.rec.Attempts})})
+	d.ack()
+}
+
+// delay naks the message for wait without using up an attempt.
+func (d *delivery) delay(ctx context.Context, wait time.Duration, state wire.TaskState, reason error) {
+	if d.rec.Delays >= d.w.cfg.MaxDelays {
+		d.needsReview(ctx, fmt.Errorf("delayed %d times, the limit: %w", d.rec.Delays, reason))
+		return
+	}
+	d.rec.Delays++
+	at := d.w.cfg.Clock.Now().Add(wait)
+	d.rec.State = state
+	d.rec.RetryAt = &at
+	d.rec.LastError = reason.Error()
+	// The next delivery reads Delays: the write must land before the nak.
+	d.write(ctx, true)
+	d.w.emitAsync(wire.Event{Type: wire.EventRetryScheduled, TaskID: d.rec.ID, ResourceID: d.rec.Resource,
+		Message: reason.Error(), Payload: audit.Payload(map[string]any{"attempt": d.rec.Attempts, "class": classDelay.String(),
+			"delay": wait.String(), "retry_at": at, "delays": d.rec.Delays})})
+	d.nak(wait)
+}
+
+// needsReview parks the task: its message leaves the stream and is kept in
+// the record for `gantry task retry`.
+func (d *delivery) needsReview(ctx context.Context, reason error) {
+	d.mu.Lock()
+	d.final = true
+	d.mu.Unlock()
+	d.rec.LastError = reason.Error()
+	d.rec.Message = d.stored()
+	d.w.needsReviewRecord(ctx, d.rec)
+	d.term(reason.Error())
+}
+
+func (d *delivery) finishCancelled(ctx context.Context) {
+	d.rec.State = wire.TaskCancelled
+	d.rec.RetryAt = nil
+	d.write(ctx, true)
+	d.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: d.rec.ID, ResourceID: d.rec.Resource, Message: "task cancelled",
+		Payload: audit.Payload(map[string]any{"state": wire.TaskCancelled, "attempts": d.rec.Attempts})})
+	d.term("cancelled")
+}
+
+// reject handles a message that is not a valid task: TASK_REJECTED, the
+// task to NEEDS_REVIEW with the reason, the message removed.
+func (d *delivery) reject(ctx context.Context, reason error) {
+	d.w.log.Warn("task rejected", "task_id", d.rec.ID, "subject", d.msg.Subject(), "err", reason)
+	d.w.emitAsync(wire.Event{Type: wire.EventTaskRejected, Level: wire.LevelWarn, TaskID: d.rec.ID, Message: reason.Error(),
+		Payload: audit.Payload(map[string]any{"subject": d.msg.Subject(), "seq": d.rec.Seq, "size": len(d.msg.Data())})})
+	d.rec.Attempts = 0
+	d.rec.LastError = "rejected: " + reason.Error()
+	if len(d.msg.Data()) <= d.w.cfg.MaxPayload {
+		d.rec.Message = d.stored()
+	}
+	d.w.needsReviewRecord(ctx, d.rec)
+	d.term(reason.Error())
+}
+
+func (d *delivery) stored() *wire.StoredMessage {
+	return &wire.StoredMessage{Subject: d.msg.Subject(), Header: d.msg.Headers(), Data: d.msg.Data()}
+}
+
+// write stores the record; with wait it returns once the bucket has it.
+func (d *delivery) write(ctx context.Context, wait bool) {
+	d.mu.Lock()
+	d.final = true
+	d.rec.UpdatedAt = d.w.cfg.Clock.Now()
+	f, err := d.w.tasks.PutAsync(d.rec)
+	d.mu.Unlock()
+	if err != nil {
+		d.w.log.Error("write task state", "task_id", d.rec.ID, "state", d.rec.State, "err", err)
+		return
+	}
+	if !wait {
+		d.w.await(pendingWrite{f: f})
+		return
+	}
+	timer := time.NewTimer(ackTimeout)
+	defer timer.Stop()
+	var err2 error
+	select {
+	case <-f.Ok():
+		return
+	case <-timer.C:
+		err2 = errors.New("not acknowledged")
+	case err2 = <-f.Err():
+	}
+	ctx, cancel := context.WithTimeout(ctx, ackTimeout)
+	defer cancel()
+	if _, err := d.w.tasks.Put(ctx, d.rec); err != nil {
+		d.w.log.Error("write task state", "task_id", d.rec.ID, "state", d.rec.State, "err", errors.Join(err2, err))
+	}
+}
+
+func (d *delivery) ack() {
+	if err := d.msg.Ack(); err != nil {
+		d.w.log.Warn("ack", "task_id", d.rec.ID, "err", err)
+	}
+}
+
+// nak hands the message back for redelivery after wait.
+//
+// With a consumer BackOff, the server (2.15) times a nak's delay from
+// AckWait but the redelivery from the BackOff of the delivery count, so
+// delivery n's delay would grow by backOff[n-1]-AckWait. nak takes that
+// off, sending the nak itself since the client drops delays below zero.
+func (d *delivery) nak(wait time.Duration) {
+	if wait <= 0 {
+		if err := d.msg.Nak(); err != nil {
+			d.w.log.Warn("nak", "task_id", d.rec.ID, "err", err)
+		}
+		return
+	}
+	if bo := d.sp.backOff; len(bo) > 0 {
+		i := min(int(d.meta.NumDelivered), len(bo)) - 1
+		wait -= bo[i] - d.sp.queue.AckWait
+	}
+	body := fmt.Appendf(nil, "-NAK {\"delay\": %d}", wait.Nanoseconds())
+	if err := d.w.nc.Publish(d.msg.Reply(), body); err != nil {
+		d.w.log.Warn("nak", "task_id", d.rec.ID, "err", err)
+	}
+}
+
+func (d *delivery) term(reason string) {
+	if err := d.msg.TermWithReason(reason); err != nil {
+		d.w.log.Warn("term", "task_id", d.rec.ID, "err", err)
+	}
+}

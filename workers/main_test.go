@@ -1,0 +1,204 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// bundle is a broker, a client, and a way to watch tasks and events.
+type bundle struct {
+	env   *brokertest.Env
+	tasks *kv.TaskStore
+
+	mu     sync.Mutex
+	events []wire.Event
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	env := brokertest.Start(t)
+	ts, err := kv.NewTaskStore(context.Background(), env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{env: env, tasks: ts}
+	sub, err := env.NC.Subscribe(wire.SubjectAuditAll, func(m *nats.Msg) {
+		var ev wire.Event
+		if json.Unmarshal(m.Data, &ev) == nil {
+			b.mu.Lock()
+			b.events = append(b.events, ev)
+			b.mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := env.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// start runs workers with cfg on a connection of their own until the test
+// ends.
+func (b *bundle) start(t *testing.T, cfg Config, handlers map[string]Handler) (*Workers, *nats.Conn) {
+	t.Helper()
+	nc, _ := brokertest.Connect(t, b.env.URL)
+	if cfg.Logger == nil {
+		cfg.Logger = b.env.Log.With("component", "workers")
+	}
+	w, err := New(cfg, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for typ, h := range handlers {
+		if err := w.Handle(typ, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		w.Stop()
+		time.AfterFunc(3*time.Second, cancel)
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+		cancel()
+	})
+	select {
+	case <-w.Ready():
+	case err := <-done:
+		t.Fatalf("Run = %v before ready", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("workers not ready within 10s")
+	}
+	return w, nc
+}
+
+// publish publishes a task body with plain core NATS, as `nats pub` does.
+func (b *bundle) publish(t *testing.T, subject string, body any, hdr ...string) {
+	t.Helper()
+	m := nats.NewMsg(subject)
+	switch v := body.(type) {
+	case string:
+		m.Data = []byte(v)
+	case []byte:
+		m.Data = v
+	default:
+		data, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Data = data
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		m.Header.Set(hdr[i], hdr[i+1])
+	}
+	if _, err := b.env.JS.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitState polls the task's record until it is in state.
+func (b *bundle) waitState(t *testing.T, id string, state wire.TaskState, within time.Duration) wire.TaskRecord {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last wire.TaskRecord
+	var lastErr error
+	for time.Now().Before(deadline) {
+		r, _, err := b.tasks.Get(context.Background(), id)
+		if err == nil && r.State == state {
+			return r
+		}
+		last, lastErr = r, err
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("task %s: state = %q (err %v, last_error %q), want %s within %v", id, last.State, lastErr, last.LastError, state, within)
+	return last
+}
+
+// eventsOf returns the events of task id of type typ seen so far.
+func (b *bundle) eventsOf(id string, typ wire.EventType) []wire.Event {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []wire.Event
+	for _, ev := range b.events {
+		if ev.TaskID == id && ev.Type == typ {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// waitEvents waits for n events of task id of type typ.
+func (b *bundle) waitEvents(t *testing.T, id string, typ wire.EventType, n int, within time.Duration) []wire.Event {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if evs := b.eventsOf(id, typ); len(evs) >= n {
+			return evs
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("task %s: %d %s events, want %d within %v", id, len(b.eventsOf(id, typ)), typ, n, within)
+	return nil
+}
+
+// streamMsgs is how many task messages are left in the stream.
+func (b *bundle) streamMsgs(t *testing.T) uint64 {
+	t.Helper()
+	s, err := b.env.JS.Stream(context.Background(), wire.StreamTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// waitEmpty waits until no task message is left in the stream.
+func (b *bundle) waitEmpty(t *testing.T, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if b.streamMsgs(t) == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("stream messages = %d, want 0 within %v", b.streamMsgs(t), within)
+}
+
+// payload returns the decoded payload of ev.
+func payload(t *testing.T, ev wire.Event) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(ev.Payload, &m); err != nil {
+		t.Fatalf("event payload %s: %v", ev.Payload, err)
+	}
+	return m
+}
+
+// fastPolicy retries quickly.
+var fastPolicy = Policy{BackoffBase: 50 * time.Millisecond, BackoffMax: time.Second, Delay: 100 * time.Millisecond, Timeout: 20 * time.Second}
+
+var errFlaky = errors.New("flaky")
+

@@ -1,0 +1,158 @@
+package workers
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+// ErrBadTask marks a task message that cannot be decoded or is invalid.
+var ErrBadTask = errors.New("bad task")
+
+// ErrOperationInDoubt is returned by Task.Once for an operation that
+// started on an earlier delivery and never reported its outcome: it may or
+// may not have taken effect, so it is not run again. It is permanent: an
+// operator decides.
+var ErrOperationInDoubt = errors.New("operation started before and its outcome is unknown")
+
+// Handler runs one attempt of a task. A nil error succeeds; see Permanent
+// and RetryAfter for how other errors are treated.
+type Handler interface {
+	Run(ctx context.Context, t *Task) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, t *Task) error
+
+// Run calls f.
+func (f HandlerFunc) Run(ctx context.Context, t *Task) error { return f(ctx, t) }
+
+// Task is one attempt of a task, as its handler sees it.
+type Task struct {
+	ID    string
+	Type  string
+	Queue string
+	// Attempt counts the runs of the task, this one included (1 on the
+	// first run); delayed retries are not counted.
+	Attempt  int
+	Payload  json.RawMessage
+	Resource string
+	// Deadline is when the attempt times out.
+	Deadline time.Time
+
+	cps     *kv.CheckpointStore
+	touched atomic.Bool
+	output  atomic.Pointer[string]
+}
+
+// Checkpoint returns the task's last saved checkpoint, or nil.
+func (t *Task) Checkpoint(ctx context.Context) (*wire.Checkpoint, error) {
+	return t.cps.Load(ctx, t.ID)
+}
+
+// SaveCheckpoint saves cp as the task's checkpoint: a redelivery of the
+// task gets it back from Checkpoint.
+func (t *Task) SaveCheckpoint(ctx context.Context, cp wire.Checkpoint) error {
+	t.touched.Store(true)
+	cp.Attempt = t.Attempt
+	if cp.UpdatedAt.IsZero() {
+		cp.UpdatedAt = time.Now()
+	}
+	return t.cps.Save(ctx, t.ID, cp)
+}
+
+// Once runs fn unless the operation named op already ran for this task,
+// on this or an earlier delivery: a step guarded by an operation key runs
+// at most once. If fn returns an error the operation is forgotten, so a
+// retry may run it again: fn must fail without effect. If an earlier run
+// started fn and never finished (its worker died), Once returns an error
+// wrapping ErrOperationInDoubt.
+func (t *Task) Once(ctx context.Context, op string, fn func(ctx context.Context) error) error {
+	t.touched.Store(true)
+	st, err := t.cps.BeginOp(ctx, t.ID, op)
+	if err != nil {
+		return err
+	}
+	switch st {
+	case kv.OpDone:
+		return nil
+	case kv.OpInDoubt:
+		return Permanent(fmt.Errorf("operation %q: %w", op, ErrOperationInDoubt))
+	}
+	if err := fn(ctx); err != nil {
+		if aerr := t.cps.AbortOp(context.WithoutCancel(ctx), t.ID, op); aerr != nil {
+			return errors.Join(err, aerr)
+		}
+		return err
+	}
+	return t.cps.FinishOp(context.WithoutCancel(ctx), t.ID, op)
+}
+
+// SetOutput keeps s (its tail) as the output of this attempt, shown by
+// `gantry task get`.
+func (t *Task) SetOutput(s string) { t.output.Store(&s) }
+
+func (t *Task) outputText() string {
+	if p := t.output.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// DecodeTask decodes a task message body. An empty body is a task with
+// every field unset; anything else must be a JSON object whose fields have
+// the types of wire.Task. Unknown fields are ignored. The error wraps
+// ErrBadTask and says what is wrong.
+func DecodeTask(data []byte, maxSize int) (wire.Task, error) {
+	var t wire.Task
+	if maxSize > 0 && len(data) > maxSize {
+		return t, fmt.Errorf("%w: message of %d bytes is over the limit of %d", ErrBadTask, len(data), maxSize)
+	}
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 {
+		return t, nil
+	}
+	if trimmed[0] != '{' {
+		return t, fmt.Errorf("%w: body must be a JSON object", ErrBadTask)
+	}
+	if err := json.Unmarshal(trimmed, &t); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return wire.Task{}, fmt.Errorf("%w: field %q: want %s, got %s", ErrBadTask, te.Field, te.Type, te.Value)
+		}
+		return wire.Task{}, fmt.Errorf("%w: %v", ErrBadTask, err)
+	}
+	if err := validateTask(t); err != nil {
+		return wire.Task{}, fmt.Errorf("%w: %v", ErrBadTask, err)
+	}
+	return t, nil
+}
+
+func validateTask(t wire.Task) error {
+	if t.ID != "" && !wire.ValidTaskID(t.ID) {
+		return fmt.Errorf("id %q: want 1 to %d letters, digits, '-', '_' or '='", t.ID, wire.MaxTaskIDLen)
+	}
+	if t.Resource != "" && !wire.ValidToken(t.Resource) {
+		return fmt.Errorf("resource %q: want a name without spaces, '.', '*' or '>'", t.Resource)
+	}
+	if t.MaxAttempts < 0 {
+		return fmt.Errorf("max_attempts %d: want 0 (the default) or more", t.MaxAttempts)
+	}
+	if t.Timeout != "" {
+		d, err := time.ParseDuration(t.Timeout)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("timeout %q: want a positive Go duration such as 30s", t.Timeout)
+		}
+	}
+	if len(t.Payload) > 0 && !json.Valid(t.Payload) {
+		return errors.New("payload is not valid JSON")
+	}
+	return nil
+}

@@ -1,0 +1,480 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+// Workers consumes the task queues of one process and runs their tasks.
+type Workers struct {
+	cfg   Config
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	log   *slog.Logger
+	audit *audit.Emitter
+
+	tasks *kv.TaskStore
+	cps   *kv.CheckpointStore
+
+	hmu      sync.RWMutex
+	handlers map[string]Handler
+
+	rmu     sync.Mutex
+	running map[string]context.CancelCauseFunc
+
+	// cmu guards closing and the Add side of inflight.
+	cmu      sync.Mutex
+	closing  bool
+	inflight sync.WaitGroup
+
+	pending chan pendingWrite
+	quit    chan struct{}
+
+	ready    chan struct{}
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+// pendingWrite is an asynchronous publish whose acknowledgement is checked
+// off the hot path.
+type pendingWrite struct {
+	f  jetstream.PubAckFuture
+	ev *wire.Event
+}
+
+// spec is one consumer: a queue, or a type of a queue.
+type spec struct {
+	queue       *Queue
+	typ         string
+	name        string
+	subject     string
+	concurrency int
+	// backOff is the consumer's BackOff: the ack deadline of delivery n
+	// is backOff[min(n, len)-1].
+	backOff []time.Duration
+}
+
+// New validates cfg and fills its defaults. nc is the connection to the
+// broker; Run opens the stores and consumers.
+func New(cfg Config, nc *nats.Conn) (*Workers, error) {
+	if nc == nil {
+		return nil, errors.New("workers: no NATS connection")
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(16384))
+	if err != nil {
+		return nil, fmt.Errorf("workers: jetstream: %w", err)
+	}
+	w := &Workers{
+		cfg:      cfg,
+		nc:       nc,
+		js:       js,
+		log:      cfg.Logger,
+		audit:    audit.NewEmitter(js, "workers", cfg.Clock),
+		handlers: map[string]Handler{},
+		running:  map[string]context.CancelCauseFunc{},
+		pending:  make(chan pendingWrite, 8192),
+		quit:     make(chan struct{}),
+		ready:    make(chan struct{}),
+		stop:     make(chan struct{}),
+	}
+	w.handlers["noop"] = HandlerFunc(w.runNoop)
+	w.handlers["exec"] = HandlerFunc(w.runExec)
+	w.handlers["http"] = HandlerFunc(w.runHTTP)
+	return w, nil
+}
+
+// Handle registers h as the in-process handler of task type typ,
+// replacing any earlier one (built-in types included). Types without an
+// in-process handler go to gantry.handlers.<type> over request-reply.
+func (w *Workers) Handle(typ string, h Handler) error {
+	if !wire.ValidToken(typ) {
+		return fmt.Errorf("task type %q: want a name without spaces, '.', '*' or '>'", typ)
+	}
+	w.hmu.Lock()
+	defer w.hmu.Unlock()
+	w.handlers[typ] = h
+	return nil
+}
+
+func (w *Workers) handler(typ string) Handler {
+	w.hmu.RLock()
+	defer w.hmu.RUnlock()
+	if h, ok := w.handlers[typ]; ok {
+		return h
+	}
+	return HandlerFunc(w.runRemote)
+}
+
+// Ready is closed once every consumer is consuming.
+func (w *Workers) Ready() <-chan struct{} { return w.ready }
+
+// Stop asks Run to stop taking tasks and to return once the running tasks
+// have ended. It is idempotent and safe before Run or after it returns.
+func (w *Workers) Stop() { w.stopOnce.Do(func() { close(w.stop) }) }
+
+// specs lists the consumers of the configuration.
+func (w *Workers) specs() []*spec {
+	var out []*spec
+	for i := range w.cfg.Queues {
+		q := &w.cfg.Queues[i]
+		split := false
+		for _, t := range q.Types {
+			if t.Concurrency > 0 {
+				split = true
+			}
+		}
+		if !split {
+			out = append(out, &spec{queue: q, name: "gantry-workers-" + q.Name,
+				subject: wire.SubjectTasksPrefix + "." + q.Name + ".>", concurrency: q.Concurrency,
+				backOff: backOffs(q.AckWait, w.cfg.MaxDeliver)})
+			continue
+		}
+		for typ, t := range q.Types {
+			conc := t.Concurrency
+			if conc == 0 {
+				conc = q.Concurrency
+			}
+			out = append(out, &spec{queue: q, typ: typ, name: "gantry-workers-" + q.Name + "-" + typ,
+				subject: wire.TaskSubject(q.Name, typ), concurrency: conc, backOff: backOffs(q.AckWait, w.cfg.MaxDeliver)})
+		}
+	}
+	return out
+}
+
+// backOffs is the consumer BackOff for ackWait: a dead worker's task is
+// redelivered after ackWait, then 2, 4, 8 and 16 times ackWait.
+func backOffs(ackWait time.Duration, maxDeliver int) []time.Duration {
+	var out []time.Duration
+	for d := ackWait; len(out) < 5 && len(out) < maxDeliver; d *= 2 {
+		out = append(out, d)
+	}
+	return out
+}
+
+// consumerConfig is the durable consumer of one spec.
+func (w *Workers) consumerConfig(sp *spec) jetstream.ConsumerConfig {
+	ackWait := sp.queue.AckWait
+	return jetstream.ConsumerConfig{
+		Durable:       sp.name,
+		Description:   "gantry workers: " + sp.subject,
+		FilterSubject: sp.subject,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait:       ackWait,
+		BackOff:       sp.backOff,
+		MaxDeliver:    w.cfg.MaxDeliver,
+		MaxAckPending: sp.concurrency,
+		MaxWaiting:    512,
+	}
+}
+
+// Run opens the stores, creates the consumers and runs tasks until Stop
+// (running tasks finish) or ctx ends (running tasks are interrupted and
+// handed back to the broker). It returns nil on a clean stop.
+func (w *Workers) Run(ctx context.Context) error {
+	select {
+	case <-w.stop:
+		return nil
+	default:
+	}
+	var err error
+	if w.tasks, err = kv.NewTaskStore(ctx, w.js); err != nil {
+		return err
+	}
+	if w.cps, err = kv.NewCheckpointStore(ctx, w.js); err != nil {
+		return err
+	}
+	stream, err := w.js.Stream(ctx, wire.StreamTasks)
+	if err != nil {
+		return fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
+	}
+
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		w.checkWrites()
+	}()
+	defer func() {
+		close(w.quit)
+		<-checked
+	}()
+
+	cancelSub, err := w.nc.Subscribe(wire.SubjectTaskCancel, func(m *nats.Msg) { w.cancelRunning(string(m.Data)) })
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", wire.SubjectTaskCancel, err)
+	}
+	defer func() { _ = cancelSub.Unsubscribe() }()
+
+	var ccs []jetstream.ConsumeContext
+	defer func() {
+		for _, cc := range ccs {
+			cc.Stop()
+		}
+	}()
+	for _, sp := range w.specs() {
+		advSubj := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + wire.StreamTasks + "." + sp.name
+		adv, err := w.nc.QueueSubscribe(advSubj, "gantry-workers", func(m *nats.Msg) { w.maxDeliveries(ctx, stream, m.Data) })
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", advSubj, err)
+		}
+		defer func() { _ = adv.Unsubscribe() }()
+		cons, err := w.js.CreateOrUpdateConsumer(ctx, wire.StreamTasks, w.consumerConfig(sp))
+		if err != nil {
+			return fmt.Errorf("consumer %s: %w", sp.name, err)
+		}
+		if len(sp.queue.Types) > 0 && sp.typ == "" {
+			w.log.Debug("queue types set without concurrency; one consumer for the queue", "queue", sp.queue.Name)
+		}
+		cc, err := cons.Consume(func(m jetstream.Msg) { w.dispatch(ctx, sp, m) },
+			jetstream.PullMaxMessages(min(sp.concurrency, 256)),
+			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+					w.log.Debug("consume", "consumer", sp.name, "err", err)
+				}
+			}))
+		if err != nil {
+			return fmt.Errorf("consume %s: %w", sp.name, err)
+		}
+		ccs = append(ccs, cc)
+		w.log.Info("consuming", "consumer", sp.name, "subject", sp.subject, "concurrency", sp.concurrency, "ack_wait", sp.queue.AckWait)
+	}
+	close(w.ready)
+
+	select {
+	case <-w.stop:
+	case <-ctx.Done():
+	}
+	w.cmu.Lock()
+	w.closing = true
+	w.cmu.Unlock()
+	for _, cc := range ccs {
+		cc.Stop()
+	}
+	done := make(chan struct{})
+	go func() {
+		w.inflight.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		w.interruptAll()
+		<-done
+	}
+	if err := w.flush(context.WithoutCancel(ctx)); err != nil {
+		w.log.Warn("flush on stop", "err", err)
+	}
+	return nil
+}
+
+// dispatch runs one delivered message in its own goroutine: the broker's
+// MaxAckPending bounds how many run at once.
+func (w *Workers) dispatch(ctx context.Context, sp *spec, m jetstream.Msg) {
+	w.cmu.Lock()
+	if w.closing {
+		w.cmu.Unlock()
+		_ = m.Nak()
+		return
+	}
+	w.inflight.Add(1)
+	w.cmu.Unlock()
+	go func() {
+		defer w.inflight.Done()
+		w.process(ctx, sp, m)
+	}()
+}
+
+func (w *Workers) cancelRunning(id string) {
+	w.rmu.Lock()
+	cancel := w.running[id]
+	w.rmu.Unlock()
+	if cancel != nil {
+		w.log.Info("cancelling task", "task_id", id)
+		cancel(ErrCancelled)
+	}
+}
+
+func (w *Workers) interruptAll() {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	for _, cancel := range w.running {
+		cancel(errInterrupted)
+	}
+}
+
+// track registers a running task for cancellation; the returned function
+// unregisters it.
+func (w *Workers) track(id string, cancel context.CancelCauseFunc) func() {
+	w.rmu.Lock()
+	w.running[id] = cancel
+	w.rmu.Unlock()
+	return func() {
+		w.rmu.Lock()
+		delete(w.running, id)
+		w.rmu.Unlock()
+	}
+}
+
+// emitAsync stamps and publishes ev without waiting; the acknowledgement is
+// checked in the background and a failed publish is retried synchronously
+// (the event id dedupes it).
+func (w *Workers) emitAsync(ev wire.Event) {
+	w.audit.Stamp(&ev)
+	f, err := w.audit.EmitAsync(ev)
+	if err != nil {
+		w.emitSync(ev, err)
+		return
+	}
+	w.await(pendingWrite{f: f, ev: &ev})
+}
+
+// await hands p to the background checker, or checks it here once the
+// checker has stopped.
+func (w *Workers) await(p pendingWrite) {
+	select {
+	case w.pending <- p:
+	case <-w.quit:
+		w.checkOne(p)
+	}
+}
+
+func (w *Workers) emitSync(ev wire.Event, cause error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.audit.Emit(ctx, ev); err != nil {
+		w.log.Error("audit event lost", "type", ev.Type, "task_id", ev.TaskID, "err", err, "first_err", cause)
+	}
+}
+
+// ackTimeout bounds the wait for the acknowledgement of an asynchronous
+// publish (a closed connection never answers).
+const ackTimeout = 10 * time.Second
+
+// checkWrites waits for the acknowledgements of asynchronous publishes.
+func (w *Workers) checkWrites() {
+	for {
+		select {
+		case p := <-w.pending:
+			w.checkOne(p)
+		case <-w.quit:
+			for {
+				select {
+				case p := <-w.pending:
+					w.checkOne(p)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (w *Workers) checkOne(p pendingWrite) {
+	timer := time.NewTimer(ackTimeout)
+	defer timer.Stop()
+	select {
+	case <-p.f.Ok():
+	case <-timer.C:
+		w.log.Warn("write not acknowledged", "subject", p.f.Msg().Subject, "within", ackTimeout)
+	case err := <-p.f.Err():
+		if p.ev != nil {
+			w.emitSync(*p.ev, err)
+		} else {
+			w.log.Warn("task state write failed", "subject", p.f.Msg().Subject, "err", err)
+		}
+	}
+}
+
+// flush waits for every asynchronous publish to be acknowledged.
+func (w *Workers) flush(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	select {
+	case <-w.js.PublishAsyncComplete():
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for pending writes: %w", ctx.Err())
+	}
+}
+
+// maxDeliveries handles the consumer advisory for a task delivered
+// MaxDeliver times without an outcome: the message stays in the stream and
+// is never delivered again, so record NEEDS_REVIEW and delete it.
+func (w *Workers) maxDeliveries(ctx context.Context, stream jetstream.Stream, data []byte) {
+	var adv struct {
+		StreamSeq  uint64 `json:"stream_seq"`
+		Deliveries int    `json:"deliveries"`
+	}
+	if err := json.Unmarshal(data, &adv); err != nil || adv.StreamSeq == 0 {
+		w.log.Warn("bad max deliveries advisory", "err", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	raw, err := stream.GetMsg(ctx, adv.StreamSeq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return
+	}
+	if err != nil {
+		w.log.Error("read task at max deliveries", "seq", adv.StreamSeq, "err", err)
+		return
+	}
+	queue, typ, _ := wire.ParseTaskSubject(raw.Subject)
+	t, derr := DecodeTask(raw.Data, 0)
+	id := taskID(t, raw.Header.Get(jetstream.MsgIDHeader), raw.Time, adv.StreamSeq)
+	rec := wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: id, Type: typ, Queue: queue, Resource: t.Resource, CreatedAt: raw.Time}}
+	if prev, _, err := w.tasks.Get(ctx, id); err == nil {
+		rec = prev
+	}
+	if derr == nil && t.ID != "" {
+		rec.ID = t.ID
+	}
+	rec.Deliveries = adv.Deliveries
+	rec.Attempts = adv.Deliveries - rec.Delays
+	rec.Seq = adv.StreamSeq
+	msg := fmt.Sprintf("max deliveries (%d) reached without an outcome", adv.Deliveries)
+	if rec.LastError != "" {
+		msg += "; last error: " + rec.LastError
+	}
+	rec.LastError = msg
+	rec.Message = &wire.StoredMessage{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}
+	w.needsReviewRecord(ctx, rec)
+	if err := stream.DeleteMsg(ctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		w.log.Error("delete task at max deliveries", "task_id", rec.ID, "seq", adv.StreamSeq, "err", err)
+	}
+	w.log.Warn("task reached max deliveries", "task_id", rec.ID, "seq", adv.StreamSeq, "deliveries", adv.Deliveries)
+}
+
+// needsReviewRecord writes rec as NEEDS_REVIEW and emits NEEDS_REVIEW and
+// TASK_FINISHED.
+func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord) {
+	rec.State = wire.TaskNeedsReview
+	rec.UpdatedAt = w.cfg.Clock.Now()
+	rec.RetryAt = nil
+	if rec.CreatedAt.IsZero() {
+		rec.CreatedAt = rec.UpdatedAt
+	}
+	if _, err := w.tasks.Put(ctx, rec); err != nil {
+		w.log.Error("write task state", "task_id", rec.ID, "state", rec.State, "err", err)
+	}
+	w.emitAsync(wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource,
+		Message: rec.LastError, Payload: audit.Payload(map[string]any{"attempts": rec.Attempts, "queue": rec.Queue, "type": rec.Type})})
+	w.emitAsync(wire.Event{Type: wire.EventTaskFinished, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource,
+		Message: "task needs review", Payload: audit.Payload(map[string]any{"state": rec.State, "attempts": rec.Attempts})})
+}
