@@ -271,3 +271,42 @@ func (s *spec) jitterFor(planned time.Time) time.Duration {
 	_, _ = h.Write(b[:])
 	return time.Duration(h.Sum64() % uint64(s.jitter))
 }
+
+// atLayouts are the forms ParseAt accepts besides RFC 3339.
+var atLayouts = []string{"2006-01-02T15:04:05", "2006-01-02 15:04:05", "2006-01-02T15:04", "2006-01-02 15:04"}
+
+// ParseAt reads a one-shot time: RFC 3339, or a local date and time
+// ("2006-01-02 15:04[:05]") in the IANA zone tz (UTC when empty).
+func ParseAt(s, tz string) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	loc := time.UTC
+	if tz != "" {
+		l, err := time.LoadLocation(tz)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("%w: timezone %q is not a known IANA zone", ErrInvalidJob, tz)
+		}
+		loc = l
+	}
+	for _, layout := range atLayouts {
+		if t, err := time.ParseInLocation(layout, s, loc); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%w: at %q: want RFC 3339 or 2006-01-02 15:04[:05]", ErrInvalidJob, s)
+}
+
+// NextFire returns the first planned time of j after t (zero when it has
+// none), jitter included.
+func NextFire(j wire.Job, t time.Time) (time.Time, error) {
+	s, err := compile(j)
+	if err != nil {
+		return time.Time{}, err
+	}
+	p := s.sched.Next(t)
+	if p.IsZero() {
+		return p, nil
+	}
+	return p.Add(s.jitterFor(p)), nil
+}

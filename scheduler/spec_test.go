@@ -205,3 +205,25 @@ func TestValidate(t *testing.T) {
 		t.Errorf("Validate(valid) = %v, want nil", err)
 	}
 }
+
+func TestParseAt(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"2026-12-01T03:00:00Z":      "2026-12-01T03:00:00Z",
+		"2026-12-01T04:00:00+01:00": "2026-12-01T03:00:00Z",
+		"2026-12-01 04:00":          "2026-12-01T03:00:00Z",
+		"2026-12-01T04:00:30":       "2026-12-01T03:00:30Z",
+	} {
+		got, err := ParseAt(in, "Europe/Berlin")
+		if err != nil || !got.Equal(ts(want)) {
+			t.Errorf("ParseAt(%q) = %s, %v, want %s", in, got, err, want)
+		}
+	}
+	if _, err := ParseAt("tomorrow", ""); !errors.Is(err, ErrInvalidJob) {
+		t.Errorf("ParseAt(tomorrow) = %v, want ErrInvalidJob", err)
+	}
+	next, err := NextFire(wire.Job{Name: "a", Type: "noop", Every: "1h"}, ts("2026-12-01T03:10:00Z"))
+	if err != nil || !next.Equal(ts("2026-12-01T04:00:00Z")) {
+		t.Errorf("NextFire = %s, %v, want 04:00", next, err)
+	}
+}

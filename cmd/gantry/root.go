@@ -67,6 +67,8 @@ Start everything in one process with 'gantry run'.`,
 		a.routeCommand(),
 		a.leaseCommand(),
 		a.resourceCommand(),
+		a.jobCommand(),
+		a.schedulerCommand(),
 	)
 	return root
 }

@@ -95,5 +95,15 @@ func (a *app) run(ctx context.Context, sf *serverFlags) error {
 		return err
 	}
 
+	// Scheduler: applies the config's jobs, watches gantry_jobs and, while
+	// it leads, fires each job's task (see 'gantry scheduler --help').
+	_, schedJS, err := p.connect(b, "scheduler")
+	if err != nil {
+		return err
+	}
+	if err := p.addScheduler(cfg, log, schedJS); err != nil {
+		return err
+	}
+
 	return p.run()
 }

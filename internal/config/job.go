@@ -4,11 +4,17 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/robfig/cron/v3"
 )
 
-// validate checks what can be checked of a job without the scheduler: a
-// type, exactly one trigger, the policy names, the windows and the time
-// zone. The scheduler checks the rest (the cron expression) when it starts.
+// cronParser reads cron expressions as the scheduler does: 5 fields, or 6
+// with seconds first, or a descriptor.
+var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// validate checks a job definition at load time: a type, exactly one
+// trigger, the cron expression, the policy names, the windows and the time
+// zone. The scheduler checks the job again when it applies it.
 func (j Job) validate(i int) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("jobs[%d] (%s): %s", i, j.Name, fmt.Sprintf(format, args...))
@@ -24,6 +30,11 @@ func (j Job) validate(i int) error {
 	}
 	if triggers != 1 {
 		return bad("set exactly one of cron, every and at")
+	}
+	if j.Cron != "" {
+		if _, err := cronParser.Parse(j.Cron); err != nil {
+			return bad("cron %q: %v", j.Cron, err)
+		}
 	}
 	if j.Every != 0 && (j.Every.Std() < time.Second || j.Every.Std()%time.Second != 0) {
 		return bad("every %s must be a whole number of seconds, at least 1s", j.Every.Std())

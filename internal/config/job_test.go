@@ -16,6 +16,7 @@ func TestJobValidation(t *testing.T) {
 		{"no type", `{name: a, every: 1m}`, "type is required"},
 		{"no trigger", `{name: a, type: noop}`, "exactly one of cron, every and at"},
 		{"two triggers", `{name: a, type: noop, every: 1m, cron: "* * * * *"}`, "exactly one"},
+		{"bad cron", `{name: a, type: noop, cron: "61 * * * *"}`, "cron"},
 		{"sub-second", `{name: a, type: noop, every: 500ms}`, "whole number of seconds"},
 		{"zone", `{name: a, type: noop, every: 1m, timezone: Mars/Base}`, "timezone"},
 		{"misfire", `{name: a, type: noop, every: 1m, misfire: later}`, "misfire"},

@@ -1,0 +1,496 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/scheduler"
+)
+
+func (a *app) jobCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "job",
+		Short: "Add, list, pause, trigger and inspect scheduled jobs",
+		Long: `Jobs live in the gantry_jobs bucket, one per name. Every scheduler watches
+the bucket, so an add, change, pause, resume or removal takes effect at once;
+a paused or removed job does not fire again, not even once.
+
+A job fires a task of its --type on gantry.tasks.<queue>.<type> with the id
+"<job>-<planned unix seconds>". Runs are kept in the gantry_scheduler bucket
+('gantry job runs NAME'); fires, skips (with the reason) and misses are audit
+events JOB_FIRED, JOB_SKIPPED and JOB_MISSED. See docs/scheduler.md.`,
+	}
+	cmd.AddCommand(a.jobAddCommand(), a.jobLsCommand(), a.jobGetCommand(), a.jobRmCommand(),
+		a.jobPauseCommand(true), a.jobPauseCommand(false), a.jobTriggerCommand(), a.jobRunsCommand())
+	return cmd
+}
+
+// jobFlags are the definition flags of 'gantry job add'.
+type jobFlags struct {
+	typ, queue, payload, cron, every, at, timezone string
+	windows                                        []string
+	jitter, misfire, overlap, timeout, resource    string
+	cooldown, description                          string
+	misfireCap, maxPerHour, priority, maxAttempts  int
+	paused                                         bool
+}
+
+func (a *app) jobAddCommand() *cobra.Command {
+	var f jobFlags
+	cmd := &cobra.Command{
+		Use:   "add NAME --type T (--cron EXPR | --every D | --at TIME) [flags]",
+		Short: "Add a job, or change the job of that name",
+		Long: `Add stores a job. A job of the same name is replaced by the new definition,
+keeping its paused state and creation time (use 'gantry job pause|resume'
+for those).
+
+Triggers (exactly one):
+  --cron EXPR   5 fields (minute hour day month weekday), or 6 with seconds
+                first, or @hourly/@daily/@weekly/@monthly; read in --timezone
+  --every D     every D (whole seconds), at multiples of D since 1970-01-01 UTC
+  --at TIME     once: RFC 3339, or "2006-01-02 15:04" in --timezone
+
+Policies:
+  --window HH:MM-HH:MM   allowed time of day in --timezone (repeatable; may
+                         wrap midnight); a fire outside is skipped
+  --jitter D             delay each fire by a fixed-per-fire amount in [0, D)
+  --misfire P            after downtime: skip (none), once (the latest missed,
+                         default) or all (up to --misfire-cap, default 100)
+  --overlap P            while the previous run is unfinished: allow
+                         (default), forbid (skip) or replace (cancel it, fire)
+  --max-per-hour N       skip fires beyond N in any hour
+  --cooldown D           after a run on --resource ends, no job on that
+                         resource fires for D
+A bad definition exits 2 and is recorded as a CONFIG_REJECTED audit event.`,
+		Args: exactArgs(1, "NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error { return a.jobAdd(cmd.Context(), args[0], &f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.typ, "type", "", "task type to fire (required)")
+	fl.StringVar(&f.queue, "queue", wire.DefaultQueue, "task queue")
+	fl.StringVar(&f.payload, "payload", "", "task payload: JSON, or @FILE")
+	fl.StringVar(&f.cron, "cron", "", "cron expression (seconds optional)")
+	fl.StringVar(&f.every, "every", "", "interval, e.g. 30s, 5m")
+	fl.StringVar(&f.at, "at", "", "one-shot time: RFC 3339 or 2006-01-02 15:04")
+	fl.StringVar(&f.timezone, "timezone", "", "IANA time zone of --cron, --at and --window (default UTC)")
+	fl.StringArrayVar(&f.windows, "window", nil, "allowed time of day HH:MM-HH:MM (repeatable)")
+	fl.StringVar(&f.jitter, "jitter", "", "random delay bound of each fire, e.g. 10s")
+	fl.StringVar(&f.misfire, "misfire", "", "misfire policy: skip, once or all (default once)")
+	fl.IntVar(&f.misfireCap, "misfire-cap", 0, "most missed fires run under --misfire all (default 100)")
+	fl.StringVar(&f.overlap, "overlap", "", "overlap policy: allow, forbid or replace (default allow)")
+	fl.IntVar(&f.maxPerHour, "max-per-hour", 0, "most fires in any hour (0: no cap)")
+	fl.IntVar(&f.priority, "priority", 0, "task priority; among jobs due together, higher fires first")
+	fl.StringVar(&f.timeout, "timeout", "", "task timeout per attempt, e.g. 30s")
+	fl.IntVar(&f.maxAttempts, "max-attempts", 0, "task max attempts (0: the queue's default)")
+	fl.StringVar(&f.resource, "resource", "", "resource the task leases")
+	fl.StringVar(&f.cooldown, "cooldown", "", "pause for jobs on --resource after a run on it ends, e.g. 1m")
+	fl.StringVar(&f.description, "description", "", "what the job is for")
+	fl.BoolVar(&f.paused, "paused", false, "add the job paused")
+	return cmd
+}
+
+func (a *app) jobAdd(ctx context.Context, name string, f *jobFlags) error {
+	j, defErr := f.job(name)
+	nc, js, err := a.client.connect("gantry-job")
+	if defErr != nil {
+		if err == nil {
+			a.rejectJob(ctx, js, name, defErr)
+			nc.Close()
+		}
+		return defErr
+	}
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	store, err := kv.NewJobStore(ctx, js)
+	if err != nil {
+		return err
+	}
+	now := time.Now().UTC()
+	for {
+		cur, rev, err := store.Get(ctx, name)
+		if errors.Is(err, kv.ErrJobNotFound) {
+			j.CreatedAt, j.UpdatedAt = now, now
+			if _, err = store.Create(ctx, j); errors.Is(err, kv.ErrJobExists) {
+				continue
+			}
+		} else if err == nil {
+			j.Paused, j.CreatedAt, j.UpdatedAt = cur.Paused, cur.CreatedAt, now
+			if _, err = store.Update(ctx, j, rev); errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+				continue
+			}
+		}
+		if err != nil {
+			return err
+		}
+		break
+	}
+	if a.json {
+		return a.printJSON(a.jobView(j, nil))
+	}
+	next, _ := scheduler.NextFire(j, now)
+	fmt.Fprintf(a.stdout, "job %s saved; next fire %s\n", name, jobWhen(next))
+	return nil
+}
+
+// job builds the definition the flags describe, normalized and checked.
+func (f *jobFlags) job(name string) (wire.Job, error) {
+	if f.typ == "" {
+		return wire.Job{}, usageError("--type is required")
+	}
+	j := wire.Job{
+		Name: name, Type: f.typ, Queue: f.queue, Cron: f.cron, Every: f.every, Timezone: f.timezone,
+		Windows: f.windows, Jitter: f.jitter, Misfire: wire.MisfirePolicy(f.misfire), MisfireCap: f.misfireCap,
+		Overlap: wire.OverlapPolicy(f.overlap), MaxPerHour: f.maxPerHour, Priority: f.priority,
+		Timeout: f.timeout, MaxAttempts: f.maxAttempts, Resource: f.resource, Cooldown: f.cooldown,
+		Description: f.description, Paused: f.paused, Source: wire.JobSourceCLI,
+	}
+	if f.payload != "" {
+		data := []byte(f.payload)
+		if path, ok := strings.CutPrefix(f.payload, "@"); ok {
+			var err error
+			if data, err = os.ReadFile(path); err != nil {
+				return wire.Job{}, usageError("--payload: %v", err)
+			}
+		}
+		if !json.Valid(data) {
+			return wire.Job{}, usageError("--payload is not valid JSON")
+		}
+		j.Payload = json.RawMessage(data)
+	}
+	if f.at != "" {
+		at, err := scheduler.ParseAt(f.at, f.timezone)
+		if err != nil {
+			return wire.Job{}, usageError("%v", err)
+		}
+		j.At = &at
+	}
+	j, err := scheduler.Normalize(j)
+	if err != nil {
+		return wire.Job{}, usageError("%v", err)
+	}
+	return j, nil
+}
+
+// rejectJob records a refused job definition as a CONFIG_REJECTED event.
+func (a *app) rejectJob(ctx context.Context, js jetstream.JetStream, name string, defErr error) {
+	ctx, cancel := context.WithTimeout(ctx, a.client.timeout)
+	defer cancel()
+	_ = audit.NewEmitter(js, "cli", clock.Real{}).Emit(ctx, wire.Event{
+		Type: wire.EventConfigRejected, Level: wire.LevelWarn, JobID: name, Message: "job add: " + defErr.Error(),
+	})
+}
+
+// jobView is a job as the CLI prints it: the definition, its next fire
+// and what the scheduler last did with it.
+type jobView struct {
+	wire.Job
+	NextFire  *time.Time `json:"next_fire"`
+	LastFired *time.Time `json:"last_fired"`
+	Running   []string   `json:"running"`
+}
+
+func (a *app) jobView(j wire.Job, st *wire.JobState) jobView {
+	v := jobView{Job: j, Running: []string{}}
+	if !j.Paused {
+		if next, err := scheduler.NextFire(j, time.Now()); err == nil && !next.IsZero() {
+			v.NextFire = &next
+		}
+	}
+	if st != nil {
+		v.LastFired = st.LastFired
+		for _, r := range st.Active {
+			v.Running = append(v.Running, r.TaskID)
+		}
+	}
+	return v
+}
+
+func jobTrigger(j wire.Job) string {
+	switch {
+	case j.Cron != "":
+		return "cron " + j.Cron
+	case j.Every != "":
+		return "every " + j.Every
+	case j.At != nil:
+		return "at " + j.At.Format(time.RFC3339)
+	}
+	return "-"
+}
+
+func jobWhen(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Local().Format(time.RFC3339)
+}
+
+func jobWhenp(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return jobWhen(*t)
+}
+
+// jobStores connects and opens the job and scheduler stores.
+func (a *app) jobStores(ctx context.Context) (*nats.Conn, *kv.JobStore, *kv.SchedulerStore, error) {
+	nc, js, err := a.client.connect("gantry-job")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	jobs, err := kv.NewJobStore(ctx, js)
+	if err == nil {
+		var st *kv.SchedulerStore
+		if st, err = kv.NewSchedulerStore(ctx, js); err == nil {
+			return nc, jobs, st, nil
+		}
+	}
+	nc.Close()
+	return nil, nil, nil, err
+}
+
+// jobNotFound maps a missing job to exit code 4.
+func jobNotFound(err error) error {
+	if errors.Is(err, kv.ErrJobNotFound) {
+		return withCode(exitNotFound, err)
+	}
+	return err
+}
+
+func (a *app) jobLsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "ls",
+		Short: "List the jobs with their trigger, state and next fire",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			nc, jobs, st, err := a.jobStores(ctx)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			list, bad, err := jobs.List(ctx)
+			if err != nil {
+				return err
+			}
+			states, err := st.States(ctx)
+			if err != nil {
+				return err
+			}
+			views := make([]jobView, 0, len(list))
+			for _, j := range list {
+				s := states[j.Name]
+				views = append(views, a.jobView(j, &s))
+			}
+			for key, err := range bad {
+				fmt.Fprintf(a.stderr, "gantry: job %s: %v\n", key, err)
+			}
+			if a.json {
+				return a.printJSON(views)
+			}
+			rows := make([][]string, 0, len(views))
+			for _, v := range views {
+				state := "active"
+				if v.Paused {
+					state = "paused"
+				}
+				rows = append(rows, []string{v.Name, v.Queue + "/" + v.Type, jobTrigger(v.Job), state,
+					jobWhenp(v.NextFire), jobWhenp(v.LastFired), strconv.Itoa(len(v.Running))})
+			}
+			return a.printTable([]string{"NAME", "QUEUE/TYPE", "TRIGGER", "STATE", "NEXT", "LAST FIRED", "RUNNING"}, rows)
+		},
+	}
+}
+
+func (a *app) jobGetCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "get NAME",
+		Short: "Show one job (exit 4 if there is none of that name)",
+		Args:  exactArgs(1, "NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			nc, jobs, st, err := a.jobStores(ctx)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			j, _, err := jobs.Get(ctx, args[0])
+			if err != nil {
+				return jobNotFound(err)
+			}
+			s, err := st.State(ctx, j.Name)
+			if err != nil {
+				return err
+			}
+			v := a.jobView(j, &s)
+			if a.json {
+				return a.printJSON(v)
+			}
+			payload := string(j.Payload)
+			rows := [][]string{
+				{"name", j.Name}, {"task", j.Queue + "/" + j.Type}, {"trigger", jobTrigger(j)},
+				{"timezone", cmp.Or(j.Timezone, "UTC")}, {"paused", strconv.FormatBool(j.Paused)},
+				{"windows", strings.Join(j.Windows, ", ")}, {"jitter", j.Jitter}, {"misfire", string(j.Misfire)},
+				{"overlap", string(j.Overlap)}, {"max per hour", strconv.Itoa(j.MaxPerHour)},
+				{"priority", strconv.Itoa(j.Priority)}, {"resource", j.Resource}, {"cooldown", j.Cooldown},
+				{"payload", payload}, {"description", j.Description}, {"next fire", jobWhenp(v.NextFire)},
+				{"last fired", jobWhenp(v.LastFired)}, {"running", strings.Join(v.Running, ", ")},
+			}
+			return a.printTable([]string{"FIELD", "VALUE"}, rows)
+		},
+	}
+}
+
+func (a *app) jobRmCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm NAME",
+		Short: "Remove a job; it does not fire again",
+		Args:  exactArgs(1, "NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			nc, jobs, _, err := a.jobStores(ctx)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			if err := jobs.Delete(ctx, args[0]); err != nil {
+				return jobNotFound(err)
+			}
+			fmt.Fprintf(a.stdout, "job %s removed\n", args[0])
+			return nil
+		},
+	}
+}
+
+func (a *app) jobPauseCommand(pause bool) *cobra.Command {
+	use, short, done := "resume NAME", "Resume a paused job", "resumed"
+	if pause {
+		use, short, done = "pause NAME", "Pause a job: it does not fire on schedule until resumed", "paused"
+	}
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  exactArgs(1, "NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			nc, jobs, _, err := a.jobStores(ctx)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			j, err := jobs.Modify(ctx, args[0], func(j *wire.Job) error {
+				j.Paused = pause
+				j.UpdatedAt = time.Now().UTC()
+				return nil
+			})
+			if err != nil {
+				return jobNotFound(err)
+			}
+			if a.json {
+				return a.printJSON(a.jobView(j, nil))
+			}
+			fmt.Fprintf(a.stdout, "job %s %s\n", j.Name, done)
+			return nil
+		},
+	}
+}
+
+func (a *app) jobTriggerCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "trigger NAME",
+		Short: "Fire a job now, through the leading scheduler",
+		Long: `Trigger asks the leading scheduler to fire the job now, even when it is
+paused or outside its windows, and prints the task id. A job with --overlap
+forbid whose previous run has not finished is refused (exit 3). Exits 4 if
+there is no such job, 1 if no scheduler runs.`,
+		Args: exactArgs(1, "NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			nc, _, err := a.client.connect("gantry-job")
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			data, _ := json.Marshal(wire.TriggerRequest{Job: args[0]})
+			m, err := nc.Request(wire.SubjectSchedulerTrigger, data, a.client.timeout)
+			if errors.Is(err, nats.ErrNoResponders) {
+				return errors.New("no scheduler leads: start 'gantry run' or 'gantry scheduler'")
+			}
+			if err != nil {
+				return fmt.Errorf("trigger %s: %w", args[0], err)
+			}
+			var rep wire.TriggerReply
+			if err := json.Unmarshal(m.Data, &rep); err != nil {
+				return fmt.Errorf("trigger %s: bad reply: %w", args[0], err)
+			}
+			switch {
+			case rep.Code == "not_found":
+				return withCode(exitNotFound, errors.New(rep.Error))
+			case rep.Code == "conflict":
+				return withCode(exitConflict, errors.New(rep.Error))
+			case rep.Error != "" || rep.Run == nil:
+				return fmt.Errorf("trigger %s: %s", args[0], cmp.Or(rep.Error, "no run in the reply"))
+			}
+			if a.json {
+				return a.printJSON(rep.Run)
+			}
+			fmt.Fprintln(a.stdout, rep.Run.TaskID)
+			return nil
+		},
+	}
+}
+
+func (a *app) jobRunsCommand() *cobra.Command {
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "runs NAME",
+		Short: "Show a job's latest runs: planned, fired, started, finished, state, attempts, machine",
+		Args:  exactArgs(1, "NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			nc, jobs, st, err := a.jobStores(ctx)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			runs, err := st.Runs(ctx, args[0], limit)
+			if err != nil {
+				return err
+			}
+			if len(runs) == 0 {
+				if _, _, err := jobs.Get(ctx, args[0]); err != nil {
+					return jobNotFound(err)
+				}
+			}
+			if a.json {
+				if runs == nil {
+					runs = []wire.JobRun{}
+				}
+				return a.printJSON(runs)
+			}
+			rows := make([][]string, 0, len(runs))
+			for _, r := range runs {
+				rows = append(rows, []string{jobWhen(r.Planned), r.TaskID, r.Trigger, string(r.State),
+					jobWhenp(r.Started), jobWhenp(r.Finished), strconv.Itoa(r.Attempts), r.Machine, r.Error})
+			}
+			return a.printTable([]string{"PLANNED", "TASK", "TRIGGER", "STATE", "STARTED", "FINISHED", "ATTEMPTS", "MACHINE", "ERROR"}, rows)
+		},
+	}
+	cmd.Flags().IntVar(&limit, "limit", 20, "show the latest N runs (0: all kept)")
+	return cmd
+}
