@@ -39,8 +39,8 @@ type delayError struct {
 	d   time.Duration
 }
 
-func (e *delayError) Error() string              { return e.err.Error() }
-func (e *delayError) Unwrap() error              { return e.err }
+func (e *delayError) Error() string             { return e.err.Error() }
+func (e *delayError) Unwrap() error             { return e.err }
 func (e *delayError) RetryAfter() time.Duration { return e.d }
 
 // RetryAfter marks err as a delayed failure: the task is retried after d

@@ -201,4 +201,3 @@ func payload(t *testing.T, ev wire.Event) map[string]any {
 var fastPolicy = Policy{BackoffBase: 50 * time.Millisecond, BackoffMax: time.Second, Delay: 100 * time.Millisecond, Timeout: 20 * time.Second}
 
 var errFlaky = errors.New("flaky")
-

@@ -127,6 +127,10 @@ func DecodeTask(data []byte, maxSize int) (wire.Task, error) {
 		if errors.As(err, &te) && te.Field != "" {
 			return wire.Task{}, fmt.Errorf("%w: field %q: want %s, got %s", ErrBadTask, te.Field, te.Type, te.Value)
 		}
+		var pe *time.ParseError
+		if errors.As(err, &pe) {
+			return wire.Task{}, fmt.Errorf("%w: not_before %s: want an RFC 3339 time such as 2026-11-30T12:00:00Z", ErrBadTask, pe.Value)
+		}
 		return wire.Task{}, fmt.Errorf("%w: %v", ErrBadTask, err)
 	}
 	if err := validateTask(t); err != nil {

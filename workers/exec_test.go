@@ -1,0 +1,146 @@
+//go:build unix
+
+package workers
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+// alive reports whether pid is a live process (not gone, not a zombie).
+func alive(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return !os.IsNotExist(err)
+	}
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	return len(f) == 0 || f[0] != "Z"
+}
+
+// readPids reads the pids a test script wrote, one a line.
+func readPids(t *testing.T, path string, n int) []int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		data, _ := os.ReadFile(path)
+		var pids []int
+		for _, f := range strings.Fields(string(data)) {
+			if p, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, p)
+			}
+		}
+		if len(pids) >= n {
+			return pids
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s: want %d pids within 10s", path, n)
+	return nil
+}
+
+func waitDead(t *testing.T, pids []int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range pids {
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if alive(pid) {
+			t.Errorf("process %d is alive, want the whole tree killed", pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// treeScript starts two background sleeps, writes the pids of the shell and
+// of both sleeps to $PIDS, and waits.
+const treeScript = `echo $$ >> "$PIDS"; sleep 300 & echo $! >> "$PIDS"; (sleep 300 & echo $! >> "$PIDS"; wait) & wait`
+
+func execTask(id string, payload wire.ExecPayload, extra string) string {
+	p, _ := jsonString(payload)
+	return fmt.Sprintf(`{"id":%q,"payload":%s%s}`, id, p, extra)
+}
+
+func TestExecTimeoutKillsTree(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t, Config{Policy: fastPolicy, KillGrace: 200 * time.Millisecond}, nil)
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	b.publish(t, wire.TaskSubject("", "exec"), execTask("tree-1", wire.ExecPayload{
+		Cmd: []string{"sh", "-c", treeScript}, Env: map[string]string{"PIDS": pidFile},
+	}, `,"timeout":"1s","max_attempts":1`))
+	pids := readPids(t, pidFile, 3)
+	rec := b.waitState(t, "tree-1", wire.TaskNeedsReview, 15*time.Second)
+	if !strings.Contains(rec.LastError, "timed out") {
+		t.Errorf("last error = %q, want timed out", rec.LastError)
+	}
+	waitDead(t, pids)
+}
+
+func TestExecCancelKillsTree(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t, Config{KillGrace: 200 * time.Millisecond}, nil)
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	b.publish(t, wire.TaskSubject("", "exec"), execTask("tree-2", wire.ExecPayload{
+		Cmd: []string{"sh", "-c", treeScript}, Env: map[string]string{"PIDS": pidFile},
+	}, ""))
+	pids := readPids(t, pidFile, 3)
+	if err := b.env.NC.Publish(wire.SubjectTaskCancel, []byte("tree-2")); err != nil {
+		t.Fatal(err)
+	}
+	b.waitState(t, "tree-2", wire.TaskCancelled, 15*time.Second)
+	waitDead(t, pids)
+}
+
+func TestExecExitCodes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t, Config{Policy: fastPolicy, MaxDelays: 2}, nil)
+	subj := wire.TaskSubject("", "exec")
+	b.publish(t, subj, execTask("fail-1", wire.ExecPayload{
+		Cmd:           []string{"sh", "-c", `echo "id=$GANTRY_TASK_ID attempt=$GANTRY_ATTEMPT"; echo oops >&2; exit 3`},
+		FailExitCodes: []int{3},
+	}, ""))
+	rec := b.waitState(t, "fail-1", wire.TaskNeedsReview, 10*time.Second)
+	if rec.Attempts != 1 || !strings.Contains(rec.Output, "id=fail-1 attempt=1") || !strings.Contains(rec.LastError, "exit code 3: oops") {
+		t.Errorf("record = attempts %d, output %q, last error %q; want 1, the env echoed, exit code 3: oops", rec.Attempts, rec.Output, rec.LastError)
+	}
+	b.publish(t, subj, execTask("delay-1", wire.ExecPayload{Cmd: []string{"sh", "-c", "exit 75"}, DelayExitCodes: []int{75}}, ""))
+	rec = b.waitState(t, "delay-1", wire.TaskNeedsReview, 10*time.Second)
+	if rec.Attempts != 1 || rec.Delays != 2 || !strings.Contains(rec.LastError, "delayed 2 times") {
+		t.Errorf("record = attempts %d, delays %d, last error %q; want 1, 2, delayed 2 times", rec.Attempts, rec.Delays, rec.LastError)
+	}
+	b.publish(t, subj, execTask("ok-1", wire.ExecPayload{Cmd: []string{"sh", "-c", `read x; echo "got $x"`}, Stdin: "hello\n"}, ""))
+	rec = b.waitState(t, "ok-1", wire.TaskSucceeded, 10*time.Second)
+	if rec.Output != "got hello\n" {
+		t.Errorf("output = %q, want %q", rec.Output, "got hello\n")
+	}
+	b.publish(t, subj, execTask("missing-1", wire.ExecPayload{Cmd: []string{"/no/such/program"}}, ""))
+	b.waitState(t, "missing-1", wire.TaskNeedsReview, 10*time.Second)
+}
+
+func TestExecCheckpointFile(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t, Config{Policy: fastPolicy}, nil)
+	script := `if [ -s "$GANTRY_CHECKPOINT_FILE" ]; then echo "resume:"; cat "$GANTRY_CHECKPOINT_FILE"; exit 0; fi
+echo '{"stage":"half","last_item":"7","counts":{"done":7}}' > "$GANTRY_CHECKPOINT_FILE"; exit 1`
+	b.publish(t, wire.TaskSubject("", "exec"), execTask("cp-1", wire.ExecPayload{Cmd: []string{"sh", "-c", script}}, ""))
+	rec := b.waitState(t, "cp-1", wire.TaskSucceeded, 10*time.Second)
+	if rec.Attempts != 2 || !strings.Contains(rec.Output, `"stage":"half"`) || !strings.Contains(rec.Output, `"attempt":1`) {
+		t.Errorf("record = attempts %d, output %q; want 2 and the checkpoint of attempt 1", rec.Attempts, rec.Output)
+	}
+}
