@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -39,10 +40,20 @@ type LeasesConfig struct {
 type Leases struct {
 	js     jetstream.JetStream
 	kv     jetstream.KeyValue
-	prefix string // $KV.<bucket>.
+	stream jetstream.Stream // KV_<bucket>
+	prefix string           // $KV.<bucket>.
 	ev     *events
 	clock  clock.Clock
 	log    *slog.Logger
+
+	// hints remembers, per resource, the revision of the last delete or
+	// expiry marker this store wrote or read, so that the next Acquire can
+	// compare-and-swap on it in one round trip. It never holds the revision
+	// of a live lease (that would let Acquire overwrite it): a marker's
+	// revision can only match while the key is free. A stale hint costs one
+	// extra read, nothing else.
+	hintsMu sync.Mutex
+	hints   map[string]uint64
 }
 
 // lookupTimeout bounds the bucket lookup of the constructors.
@@ -65,9 +76,15 @@ func NewLeases(js jetstream.JetStream, cfg LeasesConfig) (*Leases, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new leases: bucket %s: %w", cfg.Bucket, err)
 	}
+	stream, err := js.Stream(ctx, "KV_"+cfg.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("new leases: bucket %s: %w", cfg.Bucket, err)
+	}
 	return &Leases{
 		js:     js,
 		kv:     kv,
+		stream: stream,
+		hints:  map[string]uint64{},
 		prefix: "$KV." + cfg.Bucket + ".",
 		ev:     newEvents(cfg.Audit, js, cfg.Logger),
 		clock:  cfg.Clock,
@@ -134,32 +151,29 @@ func (l *Leases) Acquire(ctx context.Context, resource, owner string, ttl time.D
 	if err != nil {
 		return wire.Lease{}, err
 	}
-	for {
+	expect := l.hint(resource)
+	for range maxCASAttempts {
 		now := l.clock.Now()
 		v := leaseValue{Resource: resource, Owner: owner, ExpiresAt: now.Add(ttl), TTL: ttl.String(), AcquiredAt: now}
-		data, err := json.Marshal(v)
-		if err != nil {
-			return wire.Lease{}, fmt.Errorf("acquire lease %s: %w", resource, err)
-		}
-		rev, err := l.kv.Create(ctx, resource, data, jetstream.KeyTTL(ttl))
+		rev, err := l.publish(ctx, resource, v, expect, ttl)
 		if err == nil {
-			lease := v.lease(rev)
 			l.ev.emit(wire.Event{
 				Type: wire.EventResourceLeased, ResourceID: resource,
 				Message: fmt.Sprintf("%s leased %s for %v", owner, resource, ttl),
 				Payload: audit.Payload(map[string]any{"owner": owner, "ttl": ttl.String(), "expires_at": v.ExpiresAt, "revision": rev}),
 			})
-			return lease, nil
+			return v.lease(rev), nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !casConflict(err) {
+		if !casConflict(err) {
 			return wire.Lease{}, fmt.Errorf("acquire lease %s: %w", resource, err)
 		}
-		cur, _, err := l.get(ctx, resource)
-		if errors.Is(err, ErrNotFound) {
-			continue // lapsed or released in between: try again
-		}
+		last, cur, live, err := l.last(ctx, resource)
 		if err != nil {
 			return wire.Lease{}, fmt.Errorf("acquire lease %s: %w", resource, err)
+		}
+		if !live {
+			expect = last // free: lapsed, released or never taken
+			continue
 		}
 		if cur.Owner == owner {
 			return l.Renew(ctx, cur, ttl)
@@ -172,6 +186,63 @@ func (l *Leases) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		})
 		return wire.Lease{}, conflict
 	}
+	return wire.Lease{}, fmt.Errorf("acquire lease %s: still contended after %d attempts", resource, maxCASAttempts)
+}
+
+// publish writes v as resource's lease if the key's last revision is
+// expect (0: the key has no message at all), with a per-message TTL. KV's
+// Update and Put would drop the TTL, and Create needs extra round trips
+// over a delete marker, so it publishes to the key's subject itself.
+func (l *Leases) publish(ctx context.Context, resource string, v leaseValue, expect uint64, ttl time.Duration) (uint64, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return 0, err
+	}
+	msg := nats.NewMsg(l.prefix + resource)
+	msg.Data = data
+	ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(expect), jetstream.WithMsgTTL(ttl))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// last reads the last message of resource's key: its revision (0 if none),
+// and the lease if it is a live one rather than a delete or expiry marker.
+func (l *Leases) last(ctx context.Context, resource string) (uint64, wire.Lease, bool, error) {
+	m, err := l.stream.GetLastMsgForSubject(ctx, l.prefix+resource)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, wire.Lease{}, false, nil
+	}
+	if err != nil {
+		return 0, wire.Lease{}, false, err
+	}
+	if m.Header.Get(kvOperationHeader) != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+		l.setHint(resource, m.Sequence)
+		return m.Sequence, wire.Lease{}, false, nil
+	}
+	var v leaseValue
+	if err := json.Unmarshal(m.Data, &v); err != nil {
+		return 0, wire.Lease{}, false, fmt.Errorf("decode lease %s: %w", resource, err)
+	}
+	v.Resource = cmp.Or(v.Resource, resource)
+	return m.Sequence, v.lease(m.Sequence), true, nil
+}
+
+// kvOperationHeader marks KV delete and purge markers (KV-Operation: DEL or
+// PURGE), as the KV protocol defines.
+const kvOperationHeader = "KV-Operation"
+
+func (l *Leases) hint(resource string) uint64 {
+	l.hintsMu.Lock()
+	defer l.hintsMu.Unlock()
+	return l.hints[resource]
+}
+
+func (l *Leases) setHint(resource string, rev uint64) {
+	l.hintsMu.Lock()
+	defer l.hintsMu.Unlock()
+	l.hints[resource] = rev
 }
 
 // Renew restarts the TTL of lease, for ttl, if lease is still the current
@@ -214,21 +285,14 @@ func (l *Leases) Renew(ctx context.Context, lease wire.Lease, ttl time.Duration)
 func (l *Leases) write(ctx context.Context, lease wire.Lease, owner string, ttl time.Duration) (wire.Lease, error) {
 	now := l.clock.Now()
 	v := leaseValue{Resource: lease.Resource, Owner: owner, ExpiresAt: now.Add(ttl), TTL: ttl.String(), AcquiredAt: now}
-	data, err := json.Marshal(v)
-	if err != nil {
-		return wire.Lease{}, err
-	}
-	msg := nats.NewMsg(l.prefix + lease.Resource)
-	msg.Data = data
-	ack, err := l.js.PublishMsg(ctx, msg,
-		jetstream.WithExpectLastSequencePerSubject(lease.Revision), jetstream.WithMsgTTL(ttl))
+	rev, err := l.publish(ctx, lease.Resource, v, lease.Revision, ttl)
 	if casConflict(err) {
 		return wire.Lease{}, l.lost(ctx, "write", lease)
 	}
 	if err != nil {
 		return wire.Lease{}, err
 	}
-	return v.lease(ack.Sequence), nil
+	return v.lease(rev), nil
 }
 
 // Release gives lease up (a delete at its revision). If it is no longer the
@@ -241,7 +305,12 @@ func (l *Leases) Release(ctx context.Context, lease wire.Lease) error {
 	if lease.Revision == 0 {
 		return fmt.Errorf("release lease %s: %w (no revision)", lease.Resource, ErrLeaseLost)
 	}
-	err := l.kv.Delete(ctx, lease.Resource, jetstream.LastRevision(lease.Revision))
+	msg := nats.NewMsg(l.prefix + lease.Resource)
+	msg.Header.Set(kvOperationHeader, "DEL")
+	ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(lease.Revision))
+	if err == nil {
+		l.setHint(lease.Resource, ack.Sequence)
+	}
 	if casConflict(err) {
 		return fmt.Errorf("release lease %s: %w", lease.Resource, l.lost(ctx, "release", lease))
 	}
