@@ -9,18 +9,19 @@
 //
 // # Key layout
 //
-// Every key starts with its event's UTC day, so a day is one contiguous key
-// range and retention drops whole days with one DeleteRange:
+// Events are keyed by their UTC day and time; each set field adds one
+// secondary index key, in the same batch:
 //
 //	d <day:4> e <time:8> <id>                 → the event (JSON)
-//	d <day:4> <kind> <value> 0x00 <time:8> <id> → empty (secondary index)
+//	x <kind> <value> 0x00 <time:8> <id>       → empty (secondary index)
 //
 // kind is one of k (task), r (resource), o (route), j (job), y (type) and
-// l (level, only warn and error: an info query scans the events). An
-// event writes one index key per field it sets. Writing an event again
-// puts the same keys over themselves, so ingest is idempotent without a
-// read. The 0x00 after the value keeps "task-1" from matching
-// "task-10"; the time after it makes a time range one key range within each
-// value. Events come back oldest first; a cursor is the (time, id) of the
-// last event of a page.
+// l (level, only warn and error: an info query scans the events). The 0x00
+// after the value keeps "task-1" from matching "task-10"; the time after it
+// makes a time range one key range within each value, so a query is one
+// range scan. Writing an event again puts the same keys over themselves, so
+// ingest is idempotent without a read. Events come back oldest first; a
+// cursor is the (time, id) of the last event of a page. Retention deletes
+// the index keys of expired events one by one and the events themselves
+// with one range delete.
 package auditd

@@ -7,9 +7,16 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 )
 
-// Key kinds: the byte after the day prefix.
+// Key spaces: events under 'd' (by day, then time), index keys under 'x'.
 const (
-	kindEvent    byte = 'e'
+	spaceEvents byte = 'd'
+	spaceIndex  byte = 'x'
+	// kindEvent marks an event key after its day.
+	kindEvent byte = 'e'
+)
+
+// Index kinds: the byte after spaceIndex.
+const (
 	kindTask     byte = 'k'
 	kindResource byte = 'r'
 	kindRoute    byte = 'o'
@@ -42,9 +49,22 @@ func indexesOf(ev *wire.Event) []index {
 	return out
 }
 
+// indexedLevel returns level if it has a secondary index, or "".
+func indexedLevel(level wire.Level) string {
+	if level == wire.LevelWarn || level == wire.LevelError {
+		return string(level)
+	}
+	return ""
+}
+
 // timeBytes encodes t as 8 bytes that sort as t does, before 1970 too.
 func timeBytes(t time.Time) []byte {
 	return binary.BigEndian.AppendUint64(nil, uint64(t.UnixNano())^(1<<63))
+}
+
+// timeOfBytes decodes timeBytes.
+func timeOfBytes(b []byte) time.Time {
+	return time.Unix(0, int64(binary.BigEndian.Uint64(b)^(1<<63)))
 }
 
 // dayOf returns the sortable number of t's UTC day.
@@ -57,46 +77,35 @@ func dayOf(t time.Time) uint32 {
 	return uint32(int32(d)) ^ (1 << 31)
 }
 
-// dayOfBytes returns the day of a time encoded by timeBytes.
-func dayOfBytes(b []byte) uint32 {
-	ns := int64(binary.BigEndian.Uint64(b) ^ (1 << 63))
-	return dayOf(time.Unix(0, ns))
+// eventsBefore is the first event key at t: every event older than t sorts
+// before it.
+func eventsBefore(t time.Time) []byte {
+	return append(groupPrefix(dayOf(t), kindEvent, ""), timeBytes(t)...)
 }
 
-// dayPrefix is the first key of a day: 'd' and the day.
-func dayPrefix(day uint32) []byte {
-	return binary.BigEndian.AppendUint32([]byte{'d'}, day)
-}
-
-// dayUpper is the exclusive upper bound of the keys of days up to day.
-func dayUpper(day uint32) []byte {
-	return prefixEnd(dayPrefix(day))
-}
-
-// groupPrefix is the common prefix of one day's keys of one kind and value.
+// groupPrefix is the common prefix of the keys of one kind and value: the
+// events of one day (kindEvent), or one value's index keys.
 func groupPrefix(day uint32, kind byte, value string) []byte {
-	k := append(dayPrefix(day), kind)
 	if kind == kindEvent {
-		return k
+		return append(binary.BigEndian.AppendUint32([]byte{spaceEvents}, day), kindEvent)
 	}
-	k = append(k, value...)
+	k := append([]byte{spaceIndex, kind}, value...)
 	return append(k, 0)
 }
 
 // primaryKey is the key of the event with id at t.
 func primaryKey(t time.Time, id string) []byte {
-	k := append(groupPrefix(dayOf(t), kindEvent, ""), timeBytes(t)...)
-	return append(k, id...)
+	return append(eventsBefore(t), id...)
 }
 
 // primaryKeyFromSuffix is the key of the event whose <time><id> is suffix.
-func primaryKeyFromSuffix(day uint32, suffix []byte) []byte {
-	return append(groupPrefix(day, kindEvent, ""), suffix...)
+func primaryKeyFromSuffix(suffix []byte) []byte {
+	return append(groupPrefix(dayOf(timeOfBytes(suffix[:8])), kindEvent, ""), suffix...)
 }
 
 // secondaryKey is an index key of the event whose <time><id> is suffix.
-func secondaryKey(t time.Time, kind byte, value string, suffix []byte) []byte {
-	return append(groupPrefix(dayOf(t), kind, value), suffix...)
+func secondaryKey(kind byte, value string, suffix []byte) []byte {
+	return append(groupPrefix(0, kind, value), suffix...)
 }
 
 // prefixEnd returns the smallest key greater than every key starting with
@@ -110,12 +119,4 @@ func prefixEnd(p []byte) []byte {
 		}
 	}
 	return nil
-}
-
-// indexedLevel returns level if it has a secondary index, or "".
-func indexedLevel(level wire.Level) string {
-	if level == wire.LevelWarn || level == wire.LevelError {
-		return string(level)
-	}
-	return ""
 }

@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -219,7 +218,7 @@ func (s *Store) Write(events []wire.Event) (int, error) {
 		}
 		suffix := pk[len(pk)-(8+len(ev.ID)):]
 		for _, ix := range indexesOf(ev) {
-			if err := b.Set(secondaryKey(ev.Time, ix.kind, ix.value, suffix), nil, nil); err != nil {
+			if err := b.Set(secondaryKey(ix.kind, ix.value, suffix), nil, nil); err != nil {
 				return 0, fmt.Errorf("batch event %s: %w", ev.ID, err)
 			}
 		}
@@ -255,15 +254,13 @@ func (s *Store) Query(q wire.AuditQuery) (wire.AuditPage, error) {
 	return page, nil
 }
 
-// queryPlan is a query resolved into key ranges.
+// queryPlan is a query resolved into one key range.
 type queryPlan struct {
-	q          wire.AuditQuery
-	kind       byte
-	value      string
-	lowSuffix  []byte // inclusive lower bound of <time:8><id> within a group
-	highSuffix []byte // exclusive upper bound, nil for none
-	fromDay    uint32
-	toDay      uint32 // inclusive
+	q     wire.AuditQuery
+	kind  byte
+	value string
+	lower []byte // inclusive
+	upper []byte // exclusive
 }
 
 func planQuery(q wire.AuditQuery) (*queryPlan, error) {
@@ -273,7 +270,7 @@ func planQuery(q wire.AuditQuery) (*queryPlan, error) {
 	case q.Limit < 0 || q.Limit > MaxLimit:
 		return nil, fmt.Errorf("%w: limit %d out of range 1..%d", ErrBadQuery, q.Limit, MaxLimit)
 	}
-	p := &queryPlan{q: q, kind: kindEvent, fromDay: 0, toDay: ^uint32(0)}
+	p := &queryPlan{q: q, kind: kindEvent}
 	for _, ix := range []index{
 		{kindTask, q.TaskID}, {kindResource, q.ResourceID}, {kindRoute, q.RouteID},
 		{kindJob, q.JobID}, {kindType, string(q.Type)}, {kindLevel, indexedLevel(q.Level)},
@@ -286,13 +283,17 @@ func planQuery(q wire.AuditQuery) (*queryPlan, error) {
 			break
 		}
 	}
-	p.lowSuffix = []byte{}
+	if p.kind == kindEvent {
+		p.lower, p.upper = []byte{spaceEvents}, []byte{spaceEvents + 1}
+	} else {
+		p.lower = groupPrefix(0, p.kind, p.value)
+		p.upper = prefixEnd(p.lower)
+	}
 	if q.Since != nil {
 		if !inRange(*q.Since) {
 			return nil, fmt.Errorf("%w: since %s out of range", ErrBadQuery, q.Since.Format(time.RFC3339))
 		}
-		p.lowSuffix = timeBytes(*q.Since)
-		p.fromDay = dayOf(*q.Since)
+		p.lower = p.keyAt(timeBytes(*q.Since))
 	}
 	if q.Until != nil {
 		if !inRange(*q.Until) {
@@ -302,98 +303,95 @@ func planQuery(q wire.AuditQuery) (*queryPlan, error) {
 			return nil, fmt.Errorf("%w: until %s is not after since %s", ErrBadQuery,
 				q.Until.Format(time.RFC3339Nano), q.Since.Format(time.RFC3339Nano))
 		}
-		p.highSuffix = timeBytes(*q.Until)
-		p.toDay = dayOf(*q.Until)
+		p.upper = p.keyAt(timeBytes(*q.Until))
 	}
 	if q.Cursor != "" {
 		c, err := base64.RawURLEncoding.DecodeString(q.Cursor)
-		if err != nil || len(c) <= 8 {
+		if err != nil || len(c) <= 8 || !inRange(timeOfBytes(c[:8])) {
 			return nil, fmt.Errorf("%w: cursor %q is not one this service returned", ErrBadQuery, q.Cursor)
 		}
 		// Resume right after the cursor's (time, id).
-		after := append(c, 0)
-		if bytes.Compare(after, p.lowSuffix) > 0 {
-			p.lowSuffix = after
-			p.fromDay = dayOfBytes(c[:8])
+		if after := append(p.keyAt(c), 0); bytes.Compare(after, p.lower) > 0 {
+			p.lower = after
 		}
 	}
 	return p, nil
 }
 
+// keyAt returns the plan's key for suffix, a <time>[<id>].
+func (p *queryPlan) keyAt(suffix []byte) []byte {
+	if p.kind == kindEvent {
+		return primaryKeyFromSuffix(suffix)
+	}
+	return secondaryKey(p.kind, p.value, suffix)
+}
+
 func inRange(t time.Time) bool { return t.Year() >= 1700 && t.Year() <= 2200 }
 
-// run fills page, day by day, until the limit is reached.
+// run fills page, walking the plan's key range in time order until the
+// limit is reached. Index queries fetch each event, in the order the index
+// names them, with a second iterator.
 func (p *queryPlan) run(db *pebble.DB, page *wire.AuditPage) error {
-	days, err := db.NewIter(&pebble.IterOptions{LowerBound: dayPrefix(p.fromDay), UpperBound: dayUpper(p.toDay)})
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: p.lower, UpperBound: p.upper})
 	if err != nil {
 		return err
 	}
-	defer days.Close()
-	var lastSuffix []byte
-	for valid := days.First(); valid; {
-		day := binary.BigEndian.Uint32(days.Key()[1:5])
-		more, err := p.scanDay(db, day, page, &lastSuffix)
+	defer it.Close()
+	var events *pebble.Iterator
+	if p.kind != kindEvent {
+		if events, err = db.NewIter(&pebble.IterOptions{LowerBound: []byte{spaceEvents}, UpperBound: []byte{spaceEvents + 1}}); err != nil {
+			return err
+		}
+		defer events.Close()
+	}
+	var last []byte
+	for valid := it.First(); valid; valid = it.Next() {
+		suffix := suffixOf(it.Key(), p.kind)
+		raw, found, err := p.event(it, events, suffix)
 		if err != nil {
 			return err
 		}
-		if more {
-			page.Cursor = base64.RawURLEncoding.EncodeToString(lastSuffix)
-			return nil
-		}
-		if day == ^uint32(0) {
-			break
-		}
-		valid = days.SeekGE(dayPrefix(day + 1))
-	}
-	return days.Error()
-}
-
-// scanDay appends the day's matches to page. It reports true when it found
-// one more match than the page holds.
-func (p *queryPlan) scanDay(db *pebble.DB, day uint32, page *wire.AuditPage, lastSuffix *[]byte) (bool, error) {
-	group := groupPrefix(day, p.kind, p.value)
-	lower := append(append([]byte{}, group...), p.lowSuffix...)
-	upper := prefixEnd(group)
-	if p.highSuffix != nil {
-		upper = append(append([]byte{}, group...), p.highSuffix...)
-	}
-	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
-	if err != nil {
-		return false, err
-	}
-	defer it.Close()
-	for valid := it.First(); valid; valid = it.Next() {
-		suffix := it.Key()[len(group):]
-		var raw []byte
-		if p.kind == kindEvent {
-			if raw, err = it.ValueAndErr(); err != nil {
-				return false, err
-			}
-		} else {
-			v, closer, err := db.Get(primaryKeyFromSuffix(day, suffix))
-			if errors.Is(err, pebble.ErrNotFound) {
-				continue
-			}
-			if err != nil {
-				return false, err
-			}
-			raw = append([]byte(nil), v...)
-			_ = closer.Close()
+		if !found {
+			continue
 		}
 		var ev wire.Event
 		if err := json.Unmarshal(raw, &ev); err != nil {
-			return false, fmt.Errorf("decode stored event %x: %w", suffix, err)
+			return fmt.Errorf("decode stored event %x: %w", suffix, err)
 		}
 		if !p.match(&ev) {
 			continue
 		}
 		if len(page.Events) == p.q.Limit {
-			return true, nil
+			page.Cursor = base64.RawURLEncoding.EncodeToString(last)
+			return nil
 		}
 		page.Events = append(page.Events, ev)
-		*lastSuffix = append((*lastSuffix)[:0], suffix...)
+		last = append(last[:0], suffix...)
 	}
-	return false, it.Error()
+	return it.Error()
+}
+
+// suffixOf returns the <time><id> of an event key or an index key.
+func suffixOf(key []byte, kind byte) []byte {
+	if kind == kindEvent {
+		return key[6:] // d <day:4> e
+	}
+	return key[bytes.IndexByte(key, 0)+1:] // x <kind> <value> 0x00
+}
+
+// event returns the stored event it points at: its value for an event
+// scan, or the event its index key names, looked up with events.
+func (p *queryPlan) event(it, events *pebble.Iterator, suffix []byte) ([]byte, bool, error) {
+	if events == nil {
+		raw, err := it.ValueAndErr()
+		return raw, err == nil, err
+	}
+	pk := primaryKeyFromSuffix(suffix)
+	if !events.SeekGE(pk) || !bytes.Equal(events.Key(), pk) {
+		return nil, false, events.Error()
+	}
+	raw, err := events.ValueAndErr()
+	return raw, err == nil, err
 }
 
 func (p *queryPlan) match(ev *wire.Event) bool {
@@ -407,9 +405,11 @@ func (p *queryPlan) match(ev *wire.Event) bool {
 }
 
 // DeleteBefore removes every event older than cutoff and returns how many
-// it removed. Whole days before cutoff's day go with one range delete; the
-// events of cutoff's own day that are older than it are deleted one by one
-// with their index keys.
+// it removed: first the index keys of those events (point deletes, in
+// synced batches), then the events themselves with one range delete, then a
+// compaction of that range to give the disk back. Interrupted, it leaves
+// nothing a query would return wrongly: an index key without its event is
+// skipped, and the next run finishes the job.
 func (s *Store) DeleteBefore(ctx context.Context, cutoff time.Time) (int, error) {
 	if !inRange(cutoff) {
 		return 0, nil
@@ -422,25 +422,14 @@ func (s *Store) DeleteBefore(ctx context.Context, cutoff time.Time) (int, error)
 	}
 	var removed int
 	err = guard(func() error {
-		day := dayOf(cutoff)
-		n, err := countEvents(db, dayPrefix(0), dayPrefix(day))
-		if err != nil {
-			return err
-		}
-		if n > 0 {
-			if err := db.DeleteRange(dayPrefix(0), dayPrefix(day), pebble.Sync); err != nil {
-				return err
-			}
-			removed += n
-		}
-		b := db.NewBatch()
-		defer b.Close()
-		group := groupPrefix(day, kindEvent, "")
-		it, err := db.NewIter(&pebble.IterOptions{LowerBound: group, UpperBound: append(append([]byte{}, group...), timeBytes(cutoff)...)})
+		lo, hi := []byte{spaceEvents}, eventsBefore(cutoff)
+		it, err := db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 		if err != nil {
 			return err
 		}
 		defer it.Close()
+		b := db.NewBatch()
+		defer func() { _ = b.Close() }()
 		for valid := it.First(); valid; valid = it.Next() {
 			raw, err := it.ValueAndErr()
 			if err != nil {
@@ -450,50 +439,42 @@ func (s *Store) DeleteBefore(ctx context.Context, cutoff time.Time) (int, error)
 			if err := json.Unmarshal(raw, &ev); err != nil {
 				return fmt.Errorf("decode stored event: %w", err)
 			}
-			suffix := it.Key()[len(group):]
-			if err := b.Delete(it.Key(), nil); err != nil {
-				return err
-			}
+			suffix := suffixOf(it.Key(), kindEvent)
 			for _, ix := range indexesOf(&ev) {
-				if err := b.Delete(secondaryKey(ev.Time, ix.kind, ix.value, suffix), nil); err != nil {
+				if err := b.Delete(secondaryKey(ix.kind, ix.value, suffix), nil); err != nil {
 					return err
 				}
 			}
 			removed++
+			if b.Count() >= 10000 {
+				if err := b.Commit(pebble.Sync); err != nil {
+					return err
+				}
+				_ = b.Close()
+				b = db.NewBatch()
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 		}
 		if err := it.Error(); err != nil {
 			return err
 		}
-		if !b.Empty() {
-			if err := b.Commit(pebble.Sync); err != nil {
-				return err
-			}
+		if removed == 0 {
+			return nil
 		}
-		if n > 0 {
-			return db.Compact(ctx, dayPrefix(0), dayPrefix(day), false)
+		if err := b.Commit(pebble.Sync); err != nil {
+			return err
 		}
-		return nil
+		if err := db.DeleteRange(lo, hi, pebble.Sync); err != nil {
+			return err
+		}
+		return db.Compact(ctx, lo, hi, false)
 	})
 	if err != nil {
 		return removed, fmt.Errorf("delete audit events before %s: %w", cutoff.Format(time.RFC3339), err)
 	}
 	return removed, nil
-}
-
-// countEvents counts the event records between the day prefixes lo and hi.
-func countEvents(db *pebble.DB, lo, hi []byte) (int, error) {
-	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
-	if err != nil {
-		return 0, err
-	}
-	defer it.Close()
-	n := 0
-	for valid := it.First(); valid; valid = it.Next() {
-		if k := it.Key(); len(k) > 5 && k[5] == kindEvent {
-			n++
-		}
-	}
-	return n, it.Error()
 }
 
 // Checkpoint writes a consistent copy of the store into dir, which must

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"go.uber.org/goleak"
@@ -283,6 +284,11 @@ func TestDeleteBeforeRemovesOnlyOldEvents(t *testing.T) {
 	// The cutoff falls inside a day, so both the range delete of whole days
 	// and the per-event deletes of the cutoff's day are exercised.
 	cutoff := t0.Add(50*time.Hour + 3*time.Minute)
+	for _, kind := range []byte{kindTask, kindResource, kindRoute, kindJob, kindType, kindLevel} {
+		if countKeysBefore(t, s, kind, cutoff) == 0 {
+			t.Fatalf("no index keys of kind %c before the cutoff to begin with", kind)
+		}
+	}
 	n, err := s.DeleteBefore(context.Background(), cutoff)
 	if err != nil {
 		t.Fatalf("DeleteBefore: %v", err)
@@ -315,25 +321,19 @@ func TestDeleteBeforeRemovesOnlyOldEvents(t *testing.T) {
 // countKeysBefore counts index keys of kind whose event time is before t.
 func countKeysBefore(t *testing.T, s *Store, kind byte, before time.Time) int {
 	t.Helper()
-	it, err := s.db.NewIter(nil)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{spaceIndex, kind}, UpperBound: []byte{spaceIndex, kind + 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer it.Close()
 	n := 0
-	tb := timeBytes(before)
 	for valid := it.First(); valid; valid = it.Next() {
-		k := it.Key()
-		if k[5] != kind {
-			continue
-		}
-		// <day:4> kind value 0x00 <time:8> <id>: the time follows the
-		// first 0x00 after the kind.
-		rest := k[6:]
-		i := slices.Index(rest, 0)
-		if string(rest[i+1:i+9]) < string(tb) {
+		if timeOfBytes(suffixOf(it.Key(), kind)[:8]).Before(before) {
 			n++
 		}
+	}
+	if err := it.Error(); err != nil {
+		t.Fatal(err)
 	}
 	return n
 }
