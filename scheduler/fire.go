@@ -284,7 +284,7 @@ func (r *runner) fireDue(ctx context.Context) {
 		if pf.at.After(en.state.LastPlanned) {
 			en.state.LastPlanned = pf.at
 		}
-		en.dirty = true
+		r.touch(en)
 		if len(en.queue) > 0 {
 			r.reschedule(en, now)
 		} else {
@@ -384,7 +384,7 @@ func (r *runner) fire(en *entry, pf plannedFire, now time.Time, counts *taskCoun
 	}
 	t := now
 	en.state.LastFired = &t
-	en.dirty = true
+	r.touch(en)
 	r.active[id] = &active{job: j.Name, run: p.run}
 	counts.add(j.Type)
 	return p

@@ -93,6 +93,7 @@ type runner struct {
 	reconcile clock.Timer
 
 	pending []jetstream.PubAckFuture
+	dirty   []*entry
 	elector sync.WaitGroup
 }
 
@@ -345,7 +346,7 @@ func (r *runner) misfire(en *entry, missed []time.Time, more int) {
 		}
 		if last.After(en.state.LastPlanned) {
 			en.state.LastPlanned = last
-			en.dirty = true
+			r.touch(en)
 		}
 	}
 	r.s.log.Warn("misfire", "job", j.Name, "missed", len(missed)+more, "firing", len(fire), "policy", j.Misfire)
@@ -481,22 +482,31 @@ func (r *runner) emitAsync(ev wire.Event) {
 
 // flush persists dirty job states and waits for every pending publish.
 func (r *runner) flush(ctx context.Context) {
-	if r.leader {
-		for _, en := range r.entries {
-			if !en.dirty {
-				continue
-			}
-			en.dirty = false
-			f, err := r.st.PutStateAsync(en.state)
-			if err != nil {
-				r.s.log.Warn("save job state", "job", en.spec.job.Name, "err", err)
-				continue
-			}
-			r.pending = append(r.pending, f)
+	for _, en := range r.dirty {
+		en.dirty = false
+		if !r.leader || r.entries[en.state.Job] != en {
+			continue
 		}
+		f, err := r.st.PutStateAsync(en.state)
+		if err != nil {
+			r.s.log.Warn("save job state", "job", en.spec.job.Name, "err", err)
+			continue
+		}
+		r.pending = append(r.pending, f)
 	}
+	clear(r.dirty)
+	r.dirty = r.dirty[:0]
 	r.wait(ctx, r.pending)
+	clear(r.pending)
 	r.pending = r.pending[:0]
+}
+
+// touch marks an entry's state to be saved by the next flush.
+func (r *runner) touch(en *entry) {
+	if !en.dirty {
+		en.dirty = true
+		r.dirty = append(r.dirty, en)
+	}
 }
 
 // wait waits for publish acknowledgements, logging failures.
@@ -597,7 +607,7 @@ func (r *runner) finish(taskID string, state wire.TaskState, attempts int, msg s
 		return
 	}
 	en.state.Active = slices.DeleteFunc(en.state.Active, func(x wire.ActiveRun) bool { return x.TaskID == taskID })
-	en.dirty = true
+	r.touch(en)
 	if res := en.spec.job.Resource; res != "" && en.spec.cooldown > 0 {
 		until := r.s.clock.Now().Add(en.spec.cooldown)
 		if until.After(r.cooldowns[res]) {
