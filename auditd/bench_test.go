@@ -1,18 +1,22 @@
 package auditd
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
 )
 
 // benchEvent is a typical event: a task finishing on a resource, with a
@@ -208,4 +212,92 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}
+
+// BenchmarkSink measures auditd end to end: 20,000 events already in the
+// GANTRY_AUDIT stream, from the moment the sink is ready (store open,
+// consumer and service set up) until all are stored. The baseline, in the same run and on the same
+// broker, is a raw durable pull consumer that acknowledges each message
+// and stores nothing.
+func BenchmarkSink(b *testing.B) {
+	const n = 20000
+	t0 := time.Now()
+	var rawTime, sinkTime time.Duration
+	rounds := 0
+	for b.Loop() {
+		env := brokertest.Start(b)
+		evs := make([]wire.Event, n)
+		for i := range evs {
+			evs[i] = pipelineEvent(i, t0.Add(time.Duration(i)*time.Microsecond))
+		}
+		publishBench(b, env.JS, evs)
+
+		start := time.Now()
+		consumeRaw(b, env.JS, n)
+		rawTime += time.Since(start)
+
+		s, err := New(Config{Dir: filepath.Join(b.TempDir(), "audit"), Logger: env.Log}, env.NC)
+		if err != nil {
+			b.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- s.Run(context.Background()) }()
+		<-s.Ready()
+		start = time.Now()
+		for s.Stats().Stored < n {
+			time.Sleep(time.Millisecond)
+		}
+		sinkTime += time.Since(start)
+		s.Stop()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+		rounds++
+	}
+	b.ReportMetric(float64(rounds*n)/rawTime.Seconds(), "raw-consume-msgs/s")
+	b.ReportMetric(float64(rounds*n)/sinkTime.Seconds(), "sink-events/s")
+	b.ReportMetric(rawTime.Seconds()/sinkTime.Seconds(), "sink/raw")
+}
+
+func publishBench(b *testing.B, js jetstream.JetStream, evs []wire.Event) {
+	b.Helper()
+	for _, ev := range evs {
+		data, err := json.Marshal(ev)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := js.PublishAsync(ev.Type.Subject(), data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		b.Fatal("publish did not complete")
+	}
+}
+
+// consumeRaw reads n messages of the audit stream with a durable pull
+// consumer configured like auditd's, acknowledging each.
+func consumeRaw(b *testing.B, js jetstream.JetStream, n int) {
+	b.Helper()
+	ctx := context.Background()
+	cons, err := js.CreateOrUpdateConsumer(ctx, wire.StreamAudit, jetstream.ConsumerConfig{
+		Durable: "raw", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 2048, DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	got := make(chan struct{}, n)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		_ = m.Ack()
+		got <- struct{}{}
+	}, jetstream.PullMaxMessages(512))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for range n {
+		<-got
+	}
+	cc.Stop()
 }
