@@ -175,7 +175,7 @@ func (r *runner) startFollowing(ctx context.Context) {
 		r.consume, err = cons.Consume(func(m jetstream.Msg) {
 			select {
 			case r.events <- m:
-			case <-s.stop:
+			case <-r.done:
 			}
 		})
 	}
@@ -204,7 +204,7 @@ func (r *runner) serveTrigger(m *nats.Msg) {
 	tr := triggerReq{job: req.Job, reply: make(chan wire.TriggerReply, 1)}
 	select {
 	case r.triggers <- tr:
-	case <-r.s.stop:
+	case <-r.done:
 		respond(wire.TriggerReply{Error: "scheduler stopping"})
 		return
 	}

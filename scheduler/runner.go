@@ -94,6 +94,9 @@ type runner struct {
 
 	pending []jetstream.PubAckFuture
 	dirty   []*entry
+	// done is closed when the loop returns, releasing NATS callbacks that
+	// wait for it.
+	done    chan struct{}
 	elector sync.WaitGroup
 }
 
@@ -118,6 +121,7 @@ func (s *Scheduler) newRunner(ctx context.Context) (*runner, error) {
 		cooldowns: map[string]time.Time{},
 		events:    make(chan jetstream.Msg, 1024),
 		triggers:  make(chan triggerReq),
+		done:      make(chan struct{}),
 	}
 	if b, err := s.js.KeyValue(ctx, wire.BucketTasks); err == nil {
 		r.tasks = b
@@ -155,6 +159,7 @@ func (r *runner) loop(ctx context.Context) error {
 	r.elector.Add(1)
 	go r.elect(ectx)
 	defer func() {
+		close(r.done)
 		ecancel()
 		// The elector may be sending a change: take it so it can resign.
 		done := make(chan struct{})

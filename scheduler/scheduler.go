@@ -102,13 +102,15 @@ func New(cfg Config, js jetstream.JetStream) (*Scheduler, error) {
 			return nil, fmt.Errorf("scheduler: max per type %q=%d: want a task type and a positive cap", typ, n)
 		}
 	}
+	jobs := make([]wire.Job, len(cfg.Jobs))
 	for i, j := range cfg.Jobs {
 		n, err := Normalize(j)
 		if err != nil {
 			return nil, fmt.Errorf("scheduler: jobs[%d]: %w", i, err)
 		}
-		cfg.Jobs[i] = n
+		jobs[i] = n
 	}
+	cfg.Jobs = jobs
 	return &Scheduler{
 		cfg:   cfg,
 		js:    js,
