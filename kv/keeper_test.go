@@ -11,6 +11,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/kv"
 )
 
@@ -245,4 +246,34 @@ func TestLeaseReclaimsStaleHolder(t *testing.T) {
 	if err := rh2.Finish(ctx, kv.Outcome{}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestKeeperPeriodicScan(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	r := newResources(t, env)
+	ctx := leaseCtx(t)
+	clk := clock.NewFake(time.Now())
+	startKeeper(t, env, kv.KeeperConfig{Resources: []kv.ResourceSpec{{ID: "cam1"}}, Clock: clk, ScanInterval: time.Hour})
+	// A resource left LEASED by a ghost, written behind every lease's back:
+	// no lease event will come; only the periodic scan can find it.
+	bucket, err := env.JS.KeyValue(ctx, wire.BucketResources)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ghost, err := json.Marshal(wire.Resource{ID: "cam1", State: wire.ResourceLeased, LeaseOwner: "ghost", UpdatedAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bucket.Put(ctx, "cam1", ghost); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "keeper armed its scan timer", 10*time.Second, func() bool { return clk.Timers() > 0 })
+	if got := resourceOf(t, r, "cam1").State; got != wire.ResourceLeased {
+		t.Fatalf("cam1 before the scan = %s, want LEASED", got)
+	}
+	clk.Advance(time.Hour)
+	waitUntil(t, "the scan reclaims cam1", 10*time.Second, func() bool {
+		return resourceOf(t, r, "cam1").State == wire.ResourceAvailable
+	})
 }
