@@ -107,13 +107,22 @@ func (p policy) cooldown(r *wire.Route, now time.Time) {
 	r.CooldownUntil = &until
 }
 
-// recent drops the times before since.
+// maxRecentTimeouts bounds the timeouts a route remembers: ten already
+// bring its score to 0, and a burst of failed traffic must not grow the
+// stored route without bound.
+const maxRecentTimeouts = 20
+
+// recent drops the times before since, and all but the latest
+// maxRecentTimeouts.
 func recent(ts []time.Time, since time.Time) []time.Time {
 	out := ts[:0]
 	for _, t := range ts {
 		if !t.Before(since) {
 			out = append(out, t)
 		}
+	}
+	if len(out) > maxRecentTimeouts {
+		out = out[len(out)-maxRecentTimeouts:]
 	}
 	if len(out) == 0 {
 		return nil

@@ -84,6 +84,23 @@ func TestPolicy(t *testing.T) {
 	}
 }
 
+func TestRecentTimeoutsBounded(t *testing.T) {
+	t.Parallel()
+	p := policy{threshold: 50, cooldownBase: time.Minute, cooldownMax: time.Hour, timeoutWindow: time.Hour, stableAfter: 3}
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	r := wire.Route{ID: "r", State: wire.RouteAvailable}
+	for i := range 500 {
+		p.apply(&r, outcome{kind: wire.KindTimeout, err: "timeout"}, now.Add(time.Duration(i)*time.Second))
+	}
+	if r.RecentTimeouts != maxRecentTimeouts || len(r.TimeoutTimes) != maxRecentTimeouts || r.Score != 0 {
+		t.Errorf("after 500 timeouts: RecentTimeouts %d, stored %d, score %v; want %d, %d, 0",
+			r.RecentTimeouts, len(r.TimeoutTimes), r.Score, maxRecentTimeouts, maxRecentTimeouts)
+	}
+	if last := r.TimeoutTimes[len(r.TimeoutTimes)-1]; !last.Equal(now.Add(499 * time.Second)) {
+		t.Errorf("latest timeout kept = %v, want the last one", last)
+	}
+}
+
 func TestParseExit(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
