@@ -32,7 +32,7 @@ type Config struct {
 	MaxPayload int
 	// MaxDelays bounds the delayed retries of one task (they do not use up
 	// its attempts); past it the task goes to NEEDS_REVIEW. Defaults to
-	// 100.
+	// 1000.
 	MaxDelays int
 	// MaxDeliver is the consumers' MaxDeliver: a backstop for tasks whose
 	// worker dies on every delivery. Defaults to 1000.
@@ -53,9 +53,13 @@ type Config struct {
 	// Routes gives http tasks with a route their transport. Nil makes such
 	// tasks fail permanently.
 	Routes RoutePicker
-	// Resources leases the resource a task names. Nil makes such tasks fail
-	// permanently.
-	Resources Resources
+	// LeaseTTL is the TTL of the lease on a task's resource, renewed every
+	// LeaseTTL/3 while the task runs. Defaults to 30 s.
+	LeaseTTL time.Duration
+	// BusyDelay is the shortest wait before retrying a task whose resource
+	// is busy; the holder's lease expiry, up to the policy's Delay, is the
+	// hint. Defaults to 1 s.
+	BusyDelay time.Duration
 	// HTTPClient sends http tasks without a route. Defaults to a client
 	// with Go's default transport.
 	HTTPClient *http.Client
@@ -124,25 +128,6 @@ type RoutePicker interface {
 	Report(ctx context.Context, routeID string, err error)
 }
 
-// Resources leases a task's resource. The kv resource store implements it.
-type Resources interface {
-	// Lease takes resource id for owner. An error with a RetryAfter()
-	// time.Duration method (busy, cooldown) is a delayed retry; one with a
-	// Permanent() bool method returning true (disabled) is permanent.
-	Lease(ctx context.Context, id, owner string, ttl time.Duration) (Holder, error)
-}
-
-// Holder is a lease on a resource while a task runs.
-type Holder interface {
-	// Start moves the resource to RUNNING; Context ends if the lease is
-	// lost.
-	Start(ctx context.Context) error
-	Context() context.Context
-	// Finish releases the lease: fault is non-nil when the task failed
-	// because of the resource, which then goes to FAULT.
-	Finish(ctx context.Context, fault error) error
-}
-
 func (p Policy) or(q Policy) Policy {
 	return Policy{
 		MaxAttempts: cmp.Or(p.MaxAttempts, q.MaxAttempts),
@@ -173,7 +158,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	c.Policy = c.Policy.or(defaultPolicy)
 	c.MaxPayload = cmp.Or(c.MaxPayload, 1<<20)
-	c.MaxDelays = cmp.Or(c.MaxDelays, 100)
+	c.MaxDelays = cmp.Or(c.MaxDelays, 1000)
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, 30*time.Second)
+	c.BusyDelay = cmp.Or(c.BusyDelay, time.Second)
 	c.MaxDeliver = cmp.Or(c.MaxDeliver, 1000)
 	c.KeyTTL = cmp.Or(c.KeyTTL, 24*time.Hour)
 	c.StateDelay = cmp.Or(c.StateDelay, 250*time.Millisecond)
@@ -185,6 +172,9 @@ func (c Config) withDefaults() (Config, error) {
 	c.Clock = cmp.Or[clock.Clock](c.Clock, clock.Real{})
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.LeaseTTL < time.Second {
+		return c, fmt.Errorf("lease ttl %v: want at least 1s", c.LeaseTTL)
 	}
 	if c.KeyTTL < time.Second {
 		return c, fmt.Errorf("key ttl %v: want at least 1s", c.KeyTTL)

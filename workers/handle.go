@@ -144,7 +144,6 @@ func (d *delivery) run(ctx context.Context) {
 	attempt := int(meta.NumDelivered) - d.rec.Delays
 	d.rec.Attempts = attempt - 1
 	if attempt > d.pol.MaxAttempts {
-		d.rec.Attempts = attempt - 1
 		d.needsReview(ctx, fmt.Errorf("attempts exhausted: %d deliveries ended without an outcome (did a worker stop or crash?)", attempt-1))
 		return
 	}
@@ -165,13 +164,23 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 		w.emitAsync(wire.Event{Type: wire.EventTaskCreated, TaskID: id, ResourceID: d.rec.Resource,
 			Message: "task received", Payload: audit.Payload(map[string]any{"queue": d.rec.Queue, "type": d.rec.Type, "seq": d.rec.Seq})})
 	}
-	w.emitAsync(wire.Event{Type: wire.EventTaskStarted, TaskID: id, ResourceID: d.rec.Resource,
-		Message: "task started", Payload: audit.Payload(map[string]any{"attempt": attempt, "worker": w.cfg.Name, "type": d.rec.Type})})
-
 	tctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	untrack := w.track(id, cancel)
 	defer untrack()
+
+	var holder *kv.ResourceHolder
+	if d.rec.Resource != "" {
+		var ok bool
+		if holder, ok = d.lease(ctx); !ok {
+			return
+		}
+		stop := context.AfterFunc(holder.Context(), func() { cancel(ErrLeaseLost) })
+		defer stop()
+	}
+
+	w.emitAsync(wire.Event{Type: wire.EventTaskStarted, TaskID: id, ResourceID: d.rec.Resource,
+		Message: "task started", Payload: audit.Payload(map[string]any{"attempt": attempt, "worker": w.cfg.Name, "type": d.rec.Type})})
 
 	start := time.Now()
 	deadline := w.cfg.Clock.Now().Add(d.pol.Timeout)
@@ -221,7 +230,7 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 			switch {
 			case errors.Is(cause, ErrTimeout):
 				err = fmt.Errorf("timed out after %v: %w", d.pol.Timeout, err)
-			case errors.Is(cause, ErrCancelled), errors.Is(cause, errInterrupted):
+			case errors.Is(cause, ErrCancelled), errors.Is(cause, errInterrupted), errors.Is(cause, ErrLeaseLost):
 				err = fmt.Errorf("%w: %w", cause, err)
 			case ctx.Err() != nil:
 				err = fmt.Errorf("%w: %w", errInterrupted, err)
@@ -230,7 +239,44 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	}
 	d.rec.Output = t.outputText()
 	w.log.Debug("attempt ended", "task_id", id, "attempt", attempt, "duration", time.Since(start), "err", err)
+	if holder != nil {
+		if ferr := holder.Finish(context.WithoutCancel(ctx), kv.OutcomeOf(err)); ferr != nil {
+			w.log.Warn("release resource", "task_id", id, "resource_id", d.rec.Resource, "err", ferr)
+		}
+	}
 	d.settle(context.WithoutCancel(ctx), t, err)
+}
+
+// lease takes the task's resource and moves it to RUNNING. If it cannot,
+// it settles the delivery (a delayed retry) and returns false.
+func (d *delivery) lease(ctx context.Context) (*kv.ResourceHolder, bool) {
+	w := d.w
+	owner := w.cfg.Name + "/" + d.rec.ID
+	h, err := w.resources.Lease(ctx, d.rec.Resource, owner, w.cfg.LeaseTTL)
+	if err == nil {
+		if err = h.Start(ctx); err != nil {
+			_ = h.Finish(context.WithoutCancel(ctx), kv.Outcome{})
+		}
+	}
+	if err == nil {
+		return h, true
+	}
+	wait := w.cfg.BusyDelay
+	var ce *kv.ConflictError
+	switch {
+	case errors.As(err, &ce):
+		wait = max(wait, min(ce.ExpiresAt.Sub(w.cfg.Clock.Now()), d.pol.Delay))
+	case errors.Is(err, kv.ErrUnavailable):
+		wait = d.pol.Delay
+	case errors.Is(err, kv.ErrInvalid):
+		d.needsReview(ctx, Permanent(fmt.Errorf("resource %s: %w", d.rec.Resource, err)))
+		return nil, false
+	}
+	wait = time.Duration(float64(wait) * (1 + 0.2*jitter()))
+	// The task did not run: this delivery is not an attempt.
+	d.rec.Attempts--
+	d.delay(ctx, wait, wire.TaskWaiting, fmt.Errorf("resource %s: %w", d.rec.Resource, err))
+	return nil, false
 }
 
 // call runs the handler, turning a panic into a retryable error.

@@ -25,8 +25,9 @@ type Workers struct {
 	log   *slog.Logger
 	audit *audit.Emitter
 
-	tasks *kv.TaskStore
-	cps   *kv.CheckpointStore
+	tasks     *kv.TaskStore
+	cps       *kv.CheckpointStore
+	resources *kv.Resources
 
 	hmu      sync.RWMutex
 	handlers map[string]Handler
@@ -198,6 +199,9 @@ func (w *Workers) Run(ctx context.Context) error {
 		return err
 	}
 	if w.cps, err = kv.NewCheckpointStore(ctx, w.js); err != nil {
+		return err
+	}
+	if w.resources, err = kv.NewResources(w.js, kv.ResourcesConfig{Audit: w.audit, Logger: w.log, Clock: w.cfg.Clock}); err != nil {
 		return err
 	}
 	stream, err := w.js.Stream(ctx, wire.StreamTasks)

@@ -1,0 +1,132 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
+)
+
+// publishAll publishes n task messages asynchronously on subject.
+func publishAll(b *testing.B, js jetstream.JetStream, subject string, n int) {
+	b.Helper()
+	data := []byte(`{"payload":{}}`)
+	for i := 0; i < n; i++ {
+		for {
+			_, err := js.PublishAsync(subject, data)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				b.Error(err)
+				return
+			}
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		b.Error("publishes not acknowledged within 1m")
+	}
+}
+
+// waitCount waits until count reaches n.
+func waitCount(b *testing.B, count *atomic.Int64, n int64) {
+	b.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for count.Load() < n {
+		if time.Now().After(deadline) {
+			b.Fatalf("count = %d, want %d within 2m", count.Load(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// rawConsume publishes b.N messages and consumes them with a durable pull
+// consumer and explicit acks, doing extra asynchronous publishes per
+// message first: the JetStream ceiling a task pipeline is measured against.
+func rawConsume(b *testing.B, extra int) {
+	env := brokertest.Start(b)
+	ctx := context.Background()
+	js, err := jetstream.New(env.NC, jetstream.WithPublishAsyncMaxPending(16384))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, wire.StreamTasks, jetstream.ConsumerConfig{
+		Durable: "raw", FilterSubject: wire.TaskSubject("raw", ">"), AckPolicy: jetstream.AckExplicitPolicy,
+		MaxAckPending: 1024,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var count atomic.Int64
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		for i := 0; i < extra; i++ {
+			if _, err := js.PublishAsync(wire.SubjectAuditPrefix+".bench.x", m.Data()); err != nil {
+				b.Error(err)
+			}
+		}
+		_ = m.Ack()
+		count.Add(1)
+	}, jetstream.PullMaxMessages(256))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Stop()
+	_, pjs := brokertest.Connect(b, env.URL)
+	b.ResetTimer()
+	start := time.Now()
+	publishAll(b, pjs, wire.TaskSubject("raw", "noop"), b.N)
+	waitCount(b, &count, int64(b.N))
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+}
+
+// BenchmarkEndToEnd compares gantry's end-to-end noop tasks (publish →
+// TASK_FINISHED observed) with raw JetStream publish and consume in the
+// same run, and shows what extra writes per message cost the raw path.
+func BenchmarkEndToEnd(b *testing.B) {
+	b.Run("raw", func(b *testing.B) { rawConsume(b, 0) })
+	b.Run("raw+1write", func(b *testing.B) { rawConsume(b, 1) })
+	b.Run("raw+4writes", func(b *testing.B) { rawConsume(b, 4) })
+	for _, conc := range []int{256, 1024} {
+		b.Run("gantry-noop/concurrency="+strconv.Itoa(conc), func(b *testing.B) {
+			env := brokertest.Start(b)
+			nc, _ := brokertest.Connect(b, env.URL)
+			w, err := New(Config{Queues: []Queue{{Name: "bench", Concurrency: conc}}, Logger: env.Log}, nc)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- w.Run(ctx) }()
+			defer func() {
+				w.Stop()
+				<-done
+				cancel()
+			}()
+			<-w.Ready()
+			var finished atomic.Int64
+			snc, _ := brokertest.Connect(b, env.URL)
+			sub, err := snc.Subscribe(wire.EventTaskFinished.Subject(), func(*nats.Msg) { finished.Add(1) })
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() { _ = sub.Unsubscribe() }()
+			_ = sub.SetPendingLimits(-1, -1)
+			_, pjs := brokertest.Connect(b, env.URL)
+			b.ResetTimer()
+			start := time.Now()
+			publishAll(b, pjs, wire.TaskSubject("bench", "noop"), b.N)
+			waitCount(b, &finished, int64(b.N))
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tasks/s")
+		})
+	}
+}
