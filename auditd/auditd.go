@@ -257,7 +257,7 @@ func fill(in <-chan jetstream.Msg, batch []jetstream.Msg) []jetstream.Msg {
 func (s *Service) write(ctx context.Context, msgs []jetstream.Msg) {
 	events := make([]wire.Event, 0, len(msgs))
 	for _, m := range msgs {
-		ev, err := decode(m)
+		ev, err := decode(m, s.cfg.Clock)
 		if err != nil {
 			s.malformed.Add(1)
 			s.log.Warn("malformed audit event", "subject", m.Subject(), "err", err)
@@ -300,7 +300,7 @@ func (s *Service) write(ctx context.Context, msgs []jetstream.Msg) {
 // AUDIT_MALFORMED record describing it (and the error) when it is not a
 // valid event. The record's id derives from the stream sequence, so a
 // redelivery stores it once.
-func decode(m jetstream.Msg) (wire.Event, error) {
+func decode(m jetstream.Msg, clk clock.Clock) (wire.Event, error) {
 	var ev wire.Event
 	err := json.Unmarshal(m.Data(), &ev)
 	if err == nil {
@@ -310,7 +310,7 @@ func decode(m jetstream.Msg) (wire.Event, error) {
 		return ev, nil
 	}
 	var seq uint64
-	at := time.Now().UTC()
+	at := clk.Now().UTC()
 	if md, merr := m.Metadata(); merr == nil {
 		seq, at = md.Sequence.Stream, md.Timestamp.UTC()
 	}

@@ -16,7 +16,7 @@
 //	x <kind> <value> 0x00 <time:8> <id>       → empty (secondary index)
 //
 // kind is one of k (task), r (resource), o (route), j (job), y (type) and
-// l (level, only warn and error: an info query scans the events). The 0x00
+// l (level, all but info: an info query scans the events). The 0x00
 // after the value keeps "task-1" from matching "task-10"; the time after it
 // makes a time range one key range within each value, so a query is one
 // range scan. Writing an event again puts the same keys over themselves, so

@@ -34,8 +34,8 @@ type index struct {
 }
 
 // indexesOf lists the secondary index entries of ev: one per set field.
-// Only the rare levels (warn, error) are indexed: most events are info, and
-// for those a scan of the events in time order is as cheap as an index.
+// Level info is not indexed: most events are info, and for those a scan of
+// the events in time order is as cheap as an index.
 func indexesOf(ev *wire.Event) []index {
 	out := make([]index, 0, 6)
 	for _, ix := range []index{
@@ -51,10 +51,10 @@ func indexesOf(ev *wire.Event) []index {
 
 // indexedLevel returns level if it has a secondary index, or "".
 func indexedLevel(level wire.Level) string {
-	if level == wire.LevelWarn || level == wire.LevelError {
-		return string(level)
+	if level == wire.LevelInfo {
+		return ""
 	}
-	return ""
+	return string(level)
 }
 
 // timeBytes encodes t as 8 bytes that sort as t does, before 1970 too.

@@ -122,7 +122,7 @@ func (s *Service) backup(ctx context.Context, name string) (wire.AuditBackupRepl
 	}
 	defer func() { _ = os.RemoveAll(scratch) }()
 	ckpt := filepath.Join(scratch, "store")
-	at := time.Now().UTC()
+	at := s.cfg.Clock.Now().UTC()
 	if err := s.store.Checkpoint(ckpt); err != nil {
 		return wire.AuditBackupReply{}, err
 	}

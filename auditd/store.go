@@ -48,6 +48,11 @@ type StoreOptions struct {
 	// FS is the file system Pebble writes through. Defaults to the
 	// operating system's; tests inject errors through it.
 	FS vfs.FS
+	// ScanBudget caps the keys one query page reads. A page that reaches it
+	// holds fewer events than asked, with a cursor to go on, so that a
+	// filter matching few of many events cannot hold the service for long.
+	// Defaults to 200,000.
+	ScanBudget int
 }
 
 // Store is the Pebble audit store. It is safe for concurrent use. After a
@@ -66,6 +71,7 @@ type Store struct {
 func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	opts.FS = cmp.Or(opts.FS, vfs.Default)
+	opts.ScanBudget = cmp.Or(opts.ScanBudget, 200_000)
 	s := &Store{dir: dir, opts: opts}
 	db, err := s.open()
 	if err != nil {
@@ -232,8 +238,8 @@ func (s *Store) Write(events []wire.Event) (int, error) {
 
 // Query answers q: one page of matching events, oldest first, with a cursor
 // when more match. It reads the secondary index of the most selective
-// filter (task, resource, route, job, type, warn or error level, in that
-// order) or, with none, the events themselves, and checks the other filters
+// filter (task, resource, route, job, type, a level other than info, in
+// that order) or, with none, the events themselves, and checks the other filters
 // on each event.
 func (s *Store) Query(q wire.AuditQuery) (wire.AuditPage, error) {
 	plan, err := planQuery(q)
@@ -247,7 +253,7 @@ func (s *Store) Query(q wire.AuditQuery) (wire.AuditPage, error) {
 		return wire.AuditPage{}, err
 	}
 	page := wire.AuditPage{Events: []wire.Event{}}
-	err = guard(func() error { return plan.run(db, &page) })
+	err = guard(func() error { return plan.run(db, &page, s.opts.ScanBudget) })
 	if err != nil {
 		return wire.AuditPage{}, fmt.Errorf("query audit store: %w", err)
 	}
@@ -329,9 +335,9 @@ func (p *queryPlan) keyAt(suffix []byte) []byte {
 func inRange(t time.Time) bool { return t.Year() >= 1700 && t.Year() <= 2200 }
 
 // run fills page, walking the plan's key range in time order until the
-// limit is reached. Index queries fetch each event, in the order the index
-// names them, with a second iterator.
-func (p *queryPlan) run(db *pebble.DB, page *wire.AuditPage) error {
+// limit or the scan budget is reached. Index queries fetch each event, in
+// the order the index names them, with a second iterator.
+func (p *queryPlan) run(db *pebble.DB, page *wire.AuditPage, budget int) error {
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: p.lower, UpperBound: p.upper})
 	if err != nil {
 		return err
@@ -344,28 +350,34 @@ func (p *queryPlan) run(db *pebble.DB, page *wire.AuditPage) error {
 		}
 		defer events.Close()
 	}
-	var last []byte
+	var last []byte // the last key's suffix done with
+	scanned := 0
 	for valid := it.First(); valid; valid = it.Next() {
+		if scanned == budget {
+			page.Cursor = base64.RawURLEncoding.EncodeToString(last)
+			return nil
+		}
+		scanned++
 		suffix := suffixOf(it.Key(), p.kind)
 		raw, found, err := p.event(it, events, suffix)
 		if err != nil {
 			return err
 		}
 		if !found {
+			last = append(last[:0], suffix...)
 			continue
 		}
 		var ev wire.Event
 		if err := json.Unmarshal(raw, &ev); err != nil {
 			return fmt.Errorf("decode stored event %x: %w", suffix, err)
 		}
-		if !p.match(&ev) {
-			continue
+		if p.match(&ev) {
+			if len(page.Events) == p.q.Limit {
+				page.Cursor = base64.RawURLEncoding.EncodeToString(last)
+				return nil
+			}
+			page.Events = append(page.Events, ev)
 		}
-		if len(page.Events) == p.q.Limit {
-			page.Cursor = base64.RawURLEncoding.EncodeToString(last)
-			return nil
-		}
-		page.Events = append(page.Events, ev)
 		last = append(last[:0], suffix...)
 	}
 	return it.Error()

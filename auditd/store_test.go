@@ -437,3 +437,43 @@ func TestWriteRedactsPayloads(t *testing.T) {
 		t.Errorf("stored payload = %s, want %s", gb, wb)
 	}
 }
+
+func TestQueryScanBudget(t *testing.T) {
+	t.Parallel()
+	s, err := OpenStore(t.TempDir(), StoreOptions{ScanBudget: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	evs := testEvents(200)
+	write(t, s, evs)
+	// task-5 and TASK_FINISHED: the task index holds 18 keys, 6 match.
+	q := wire.AuditQuery{TaskID: "task-5", Type: wire.EventTaskFinished, Limit: 4}
+	w := want(evs, func(e *wire.Event) bool { return e.TaskID == "task-5" && e.Type == wire.EventTaskFinished })
+	var got []string
+	pages := 0
+	for {
+		page, err := s.Query(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		got = append(got, ids(page.Events)...)
+		if page.Cursor == "" {
+			break
+		}
+		q.Cursor = page.Cursor
+	}
+	if !slices.Equal(got, w) {
+		t.Errorf("paged with a scan budget of 10: got %v, want %v", got, w)
+	}
+	if pages < 2 {
+		t.Errorf("%d pages, want the budget to cut at least one short", pages)
+	}
+	// Without a filter match in budget, an empty page still moves on.
+	q = wire.AuditQuery{ResourceID: "cam1", Level: wire.LevelError}
+	page, err := s.Query(q)
+	if err != nil || len(page.Events) != 0 || page.Cursor == "" {
+		t.Errorf("no match within budget = %d events, cursor %q, %v; want none and a cursor", len(page.Events), page.Cursor, err)
+	}
+}

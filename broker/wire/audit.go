@@ -48,8 +48,9 @@ type AuditQuery struct {
 }
 
 // AuditPage is the reply on SubjectAuditQuery: one page of events, oldest
-// first. Cursor is set when more events match; send it back in
-// AuditQuery.Cursor for the next page.
+// first. Cursor is set when more events may match; send it back in
+// AuditQuery.Cursor for the next page. A page can hold fewer events than
+// the limit and still have a cursor when auditd stopped at its scan budget.
 type AuditPage struct {
 	Events []Event `json:"events"`
 	Cursor string  `json:"cursor,omitempty"`
