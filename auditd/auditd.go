@@ -149,7 +149,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}()
 
 	cons, err := s.consumer(ctx)
-	if err != nil {
+	if err != nil || cons == nil {
 		return err
 	}
 	svc, err := s.addService()
@@ -187,7 +187,7 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 // consumer creates or updates the durable consumer, retrying while the
-// stream is not there yet.
+// stream is not there yet. It returns no consumer and no error on Stop.
 func (s *Service) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	cc := jetstream.ConsumerConfig{
 		Durable:       s.cfg.Consumer,
@@ -210,7 +210,7 @@ func (s *Service) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("create consumer %s on %s: %w", s.cfg.Consumer, wire.StreamAudit, err)
 		case <-s.stop:
-			return nil, fmt.Errorf("create consumer %s on %s: %w", s.cfg.Consumer, wire.StreamAudit, err)
+			return nil, nil
 		case <-time.After(time.Second):
 		}
 	}

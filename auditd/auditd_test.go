@@ -488,3 +488,33 @@ func TestNewValidates(t *testing.T) {
 		t.Errorf("Run after Stop = %v, want nil", err)
 	}
 }
+
+func TestStopWhileWaitingForTheStream(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := env.JS.DeleteStream(ctx, wire.StreamAudit); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Dir: filepath.Join(t.TempDir(), "audit"), Logger: env.Log}, env.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	select {
+	case <-s.Ready():
+		t.Fatal("ready without the audit stream")
+	case <-time.After(200 * time.Millisecond):
+	}
+	s.Stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run after Stop = %v, want nil", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return within 5s of Stop")
+	}
+}
