@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"slices"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/clock"
 )
 
 // Benchmark scenario: benchJobs jobs every benchEvery, each with a jitter of
@@ -249,5 +251,53 @@ func waitAsync(b *testing.B, js jetstream.JetStream) {
 	case <-js.PublishAsyncComplete():
 	case <-time.After(30 * time.Second):
 		b.Fatal("async publishes not acknowledged within 30s")
+	}
+}
+
+// kvEntry is a jobs bucket entry for feeding applyJob without a broker.
+type kvEntry struct {
+	key   string
+	value []byte
+	rev   uint64
+}
+
+func (e kvEntry) Bucket() string                  { return wire.BucketJobs }
+func (e kvEntry) Key() string                     { return e.key }
+func (e kvEntry) Value() []byte                   { return e.value }
+func (e kvEntry) Revision() uint64                { return e.rev }
+func (e kvEntry) Created() time.Time              { return time.Time{} }
+func (e kvEntry) Delta() uint64                   { return 0 }
+func (e kvEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }
+
+// BenchmarkJobTableMemory measures the leader's in-memory job table for
+// 10,000 jobs: definitions, compiled schedules, state and the due heap.
+func BenchmarkJobTableMemory(b *testing.B) {
+	now := time.Now()
+	entries := make([]kvEntry, benchJobs)
+	for i := range entries {
+		j := benchJob(i)
+		j.Payload = json.RawMessage(`{"cmd":["poll-plc","--line","3"]}`)
+		j.CreatedAt, j.UpdatedAt = now, now
+		data, _ := json.Marshal(j)
+		entries[i] = kvEntry{key: j.Name, value: data, rev: uint64(i + 1)}
+	}
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		s := &Scheduler{cfg: Config{MisfireThreshold: time.Minute}, clock: clock.Real{}, log: slog.New(slog.DiscardHandler)}
+		r := &runner{s: s, entries: map[string]*entry{}, leader: true}
+		for _, e := range entries {
+			r.applyJob(e)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if r.heap.Len() != benchJobs {
+			b.Fatalf("heap = %d entries, want %d", r.heap.Len(), benchJobs)
+		}
+		runtime.KeepAlive(r)
+		used := float64(after.HeapAlloc - before.HeapAlloc)
+		b.ReportMetric(used/(1<<20), "table-MB")
+		b.ReportMetric(used/benchJobs, "bytes/job")
 	}
 }

@@ -249,7 +249,7 @@ func (r *runner) applyJob(e jetstream.KeyValueEntry) {
 	if err == nil {
 		if j.Name != name {
 			err = fmt.Errorf("%w: key %q holds job named %q", ErrInvalidJob, name, j.Name)
-		} else {
+		} else if j, err = Normalize(j); err == nil {
 			sp, err = compile(j)
 		}
 	}
@@ -293,6 +293,11 @@ func (r *runner) plan(en *entry, now time.Time) {
 		if t.After(base) {
 			base = t
 		}
+	}
+	if base.IsZero() {
+		// Never fired, and no creation time (written by another client):
+		// nothing can have been missed.
+		base = now
 	}
 	cutoff := now.Add(-r.s.cfg.MisfireThreshold)
 	var missed []time.Time

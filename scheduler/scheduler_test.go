@@ -386,14 +386,18 @@ func TestBadJobIsRejectedAndAudited(t *testing.T) {
 	if _, err := kvb.Put(context.Background(), "broken", []byte(`{"name":"broken","type":"noop","cron":"not a cron"}`)); err != nil {
 		t.Fatal(err)
 	}
-	b.addJob(wire.Job{Name: "fine", Type: "noop", Every: "1m"})
+	// A valid job written by another client, without queue or policies,
+	// fires with the defaults.
+	if _, err := kvb.Put(context.Background(), "fine", []byte(`{"name":"fine","type":"noop","every":"1m","created_at":"2026-11-30T10:00:00Z"}`)); err != nil {
+		t.Fatal(err)
+	}
 	ev := b.waitEvents(wire.EventConfigRejected, 1)
 	if ev[0].JobID != "broken" {
 		t.Errorf("CONFIG_REJECTED job = %q, want broken", ev[0].JobID)
 	}
 	b.advance(time.Minute)
-	if got := b.waitTasks(1); got[0].job != "fine" {
-		t.Errorf("task of job %q, want fine", got[0].job)
+	if got := b.waitTasks(1); got[0].job != "fine" || got[0].subject != "gantry.tasks.default.noop" {
+		t.Errorf("task of job %q on %s, want fine on gantry.tasks.default.noop", got[0].job, got[0].subject)
 	}
 }
 
