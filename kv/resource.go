@@ -368,7 +368,25 @@ const maxCASAttempts = 20
 // between. A state change is checked against the move table and recorded as
 // a RESOURCE_STATE_CHANGED event with reason. It reports whether it wrote.
 func (r *Resources) change(ctx context.Context, id, reason string, fn func(Resource) (Resource, error)) (Resource, bool, error) {
+	return r.changeFrom(ctx, id, reason, nil, fn)
+}
+
+// changeFrom is change starting from known, the value the caller last wrote
+// or read, which saves a read when it is still current. fn's verdict on
+// known is trusted only through the compare-and-swap: if fn declines to
+// write, the resource is read again and fn asked again.
+func (r *Resources) changeFrom(ctx context.Context, id, reason string, known *Resource, fn func(Resource) (Resource, error)) (Resource, bool, error) {
 	for range maxCASAttempts {
+		if known != nil {
+			k := *known
+			known = nil
+			if next, err := fn(k); err == nil {
+				written, ok, err := r.write(ctx, id, reason, k, next)
+				if ok || (err != nil && !errors.Is(err, ErrIllegalMove)) {
+					return written, ok, err
+				}
+			}
+		}
 		cur, err := r.get(ctx, id)
 		if err != nil {
 			return Resource{}, false, fmt.Errorf("resource %s: %w", id, err)
@@ -380,28 +398,37 @@ func (r *Resources) change(ctx context.Context, id, reason string, fn func(Resou
 		if err != nil {
 			return cur, false, err
 		}
-		if next.State != cur.State && !AllowedMove(cur.State, next.State) {
-			return cur, false, &IllegalMoveError{Resource: id, From: cur.State, To: next.State}
+		written, ok, err := r.write(ctx, id, reason, cur, next)
+		if ok || err != nil {
+			return written, ok, err
 		}
-		next.UpdatedAt = r.clock.Now()
-		data, err := json.Marshal(next)
-		if err != nil {
-			return cur, false, fmt.Errorf("resource %s: %w", id, err)
-		}
-		rev, err := r.kv.Update(ctx, id, data, cur.Revision)
-		if casConflict(err) {
-			continue
-		}
-		if err != nil {
-			return cur, false, fmt.Errorf("resource %s: %w", id, err)
-		}
-		next.Revision = rev
-		if next.State != cur.State {
-			r.emitMove(next, cur.State, reason)
-		}
-		return next, true, nil
 	}
 	return Resource{}, false, fmt.Errorf("resource %s: still contended after %d attempts", id, maxCASAttempts)
+}
+
+// write stores next at cur's revision. ok is false, with a nil error, when
+// someone else wrote in between.
+func (r *Resources) write(ctx context.Context, id, reason string, cur, next Resource) (Resource, bool, error) {
+	if next.State != cur.State && !AllowedMove(cur.State, next.State) {
+		return cur, false, &IllegalMoveError{Resource: id, From: cur.State, To: next.State}
+	}
+	next.UpdatedAt = r.clock.Now()
+	data, err := json.Marshal(next)
+	if err != nil {
+		return cur, false, fmt.Errorf("resource %s: %w", id, err)
+	}
+	rev, err := r.kv.Update(ctx, id, data, cur.Revision)
+	if casConflict(err) {
+		return cur, false, nil
+	}
+	if err != nil {
+		return cur, false, fmt.Errorf("resource %s: %w", id, err)
+	}
+	next.Revision = rev
+	if next.State != cur.State {
+		r.emitMove(next, cur.State, reason)
+	}
+	return next, true, nil
 }
 
 // emitMove records res's move from from to its state. The event id derives

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
@@ -63,6 +64,27 @@ type ResourceHolder struct {
 	h          *Holder
 	id, owner  string
 	registered bool
+
+	// last is the resource as this holder last wrote it, so that the next
+	// move can compare-and-swap without reading first.
+	lastMu sync.Mutex
+	last   *Resource
+}
+
+func (rh *ResourceHolder) known() *Resource {
+	rh.lastMu.Lock()
+	defer rh.lastMu.Unlock()
+	return rh.last
+}
+
+func (rh *ResourceHolder) remember(res Resource, wrote bool) {
+	rh.lastMu.Lock()
+	defer rh.lastMu.Unlock()
+	if wrote {
+		rh.last = &res
+	} else {
+		rh.last = nil
+	}
 }
 
 // Lease checks resource id, acquires its lease for owner (renewed every
@@ -92,7 +114,7 @@ func (r *Resources) Lease(ctx context.Context, id, owner string, ttl time.Durati
 	if !registered {
 		return rh, nil
 	}
-	if err := rh.take(ctx); err != nil {
+	if err := rh.take(ctx, cur); err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resourceTimeout)
 		defer cancel()
 		if rerr := h.Release(cctx); rerr != nil {
@@ -105,11 +127,12 @@ func (r *Resources) Lease(ctx context.Context, id, owner string, ttl time.Durati
 
 // take moves the resource to LEASED for the holder, reclaiming it first if a
 // previous holder left it behind.
-func (rh *ResourceHolder) take(ctx context.Context) error {
+func (rh *ResourceHolder) take(ctx context.Context, read Resource) error {
 	errStale := errors.New("stale")
+	known := &read
 	for range maxCASAttempts {
 		lease := rh.h.Lease()
-		_, _, err := rh.r.change(ctx, rh.id, "leased by "+rh.owner, func(cur Resource) (Resource, error) {
+		res, wrote, err := rh.r.changeFrom(ctx, rh.id, "leased by "+rh.owner, known, func(cur Resource) (Resource, error) {
 			switch cur.State {
 			case wire.ResourceAvailable:
 				next := cur
@@ -128,6 +151,7 @@ func (rh *ResourceHolder) take(ctx context.Context) error {
 			}
 			return cur, &UnavailableError{Resource: rh.id, State: cur.State, LastError: cur.LastError}
 		})
+		known = nil
 		switch {
 		case errors.Is(err, errStale):
 			if _, _, err := rh.r.Reclaim(ctx, rh.id, "lease of the previous holder is gone"); err != nil {
@@ -137,6 +161,7 @@ func (rh *ResourceHolder) take(ctx context.Context) error {
 			rh.registered = false
 			return nil
 		default:
+			rh.remember(res, wrote && err == nil)
 			return err
 		}
 	}
@@ -162,11 +187,14 @@ func (rh *ResourceHolder) Start(ctx context.Context) error {
 	if !rh.registered {
 		return nil
 	}
-	return rh.r.start(ctx, rh.id, rh.owner)
+	res, wrote, err := rh.r.start(ctx, rh.id, rh.owner, rh.known())
+	rh.remember(res, wrote && err == nil)
+	return err
 }
 
-func (r *Resources) start(ctx context.Context, id, owner string) error {
-	_, _, err := r.change(ctx, id, "started by "+owner, func(cur Resource) (Resource, error) {
+// start moves id LEASED -> RUNNING for owner; it reports whether it wrote.
+func (r *Resources) start(ctx context.Context, id, owner string, known *Resource) (Resource, bool, error) {
+	res, wrote, err := r.changeFrom(ctx, id, "started by "+owner, known, func(cur Resource) (Resource, error) {
 		if cur.LeaseOwner != owner {
 			return cur, fmt.Errorf("%w: resource %s is %s, no longer %s's", ErrLeaseLost, id, cur.State, owner)
 		}
@@ -178,9 +206,9 @@ func (r *Resources) start(ctx context.Context, id, owner string) error {
 		return next, nil
 	})
 	if err != nil {
-		return fmt.Errorf("start on resource %s: %w", id, err)
+		return Resource{}, false, fmt.Errorf("start on resource %s: %w", id, err)
 	}
-	return nil
+	return res, wrote, nil
 }
 
 // Finish ends the hold: it stops the renewals, moves the resource as out
@@ -194,7 +222,7 @@ func (rh *ResourceHolder) Finish(ctx context.Context, out Outcome) error {
 	if !ok {
 		return err
 	}
-	return rh.r.finish(ctx, rh.id, rh.owner, lease, rh.registered, out)
+	return rh.r.finish(ctx, rh.id, rh.owner, lease, rh.registered, out, rh.known())
 }
 
 // Detach stops the renewals and returns the lease, leaving it and the
@@ -244,26 +272,32 @@ func (r *Resources) Release(ctx context.Context, lease wire.Lease, out Outcome) 
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("release %s: %w", lease.Resource, err)
 	}
-	return r.finish(ctx, lease.Resource, lease.Owner, lease, registered, out)
+	return r.finish(ctx, lease.Resource, lease.Owner, lease, registered, out, nil)
 }
 
-func (r *Resources) finish(ctx context.Context, id, owner string, lease wire.Lease, registered bool, out Outcome) error {
+// finish moves the resource as out says and releases (or hands over) the
+// lease; known is the resource as the holder last wrote it, if it did.
+func (r *Resources) finish(ctx context.Context, id, owner string, lease wire.Lease, registered bool, out Outcome, known *Resource) error {
 	if out.Fault == nil && out.Cooldown > 0 {
-		return r.cooldown(ctx, id, owner, lease, registered, out.Cooldown)
+		return r.cooldown(ctx, id, owner, lease, registered, out.Cooldown, known)
 	}
 	var errs []error
 	if registered {
 		if out.Fault != nil {
 			// FAULT is reached from RUNNING only.
-			if err := r.start(ctx, id, owner); err != nil && !errors.Is(err, ErrLeaseLost) {
+			res, wrote, err := r.start(ctx, id, owner, known)
+			if err != nil && !errors.Is(err, ErrLeaseLost) {
 				errs = append(errs, err)
+			}
+			if wrote {
+				known = &res
 			}
 		}
 		reason := "released by " + owner
 		if out.Fault != nil {
 			reason = "fault under " + owner + ": " + out.Fault.Error()
 		}
-		_, _, err := r.change(ctx, id, reason, func(cur Resource) (Resource, error) {
+		_, _, err := r.changeFrom(ctx, id, reason, known, func(cur Resource) (Resource, error) {
 			if cur.LeaseOwner != owner || (cur.State != wire.ResourceLeased && cur.State != wire.ResourceRunning) {
 				return cur, errNoChange
 			}
@@ -289,14 +323,18 @@ func (r *Resources) finish(ctx context.Context, id, owner string, lease wire.Lea
 // cooldown hands the lease to CooldownOwner for d, then moves the resource
 // to COOLDOWN. The lease goes first, so a keeper never sees a COOLDOWN
 // resource without its cooldown lease.
-func (r *Resources) cooldown(ctx context.Context, id, owner string, lease wire.Lease, registered bool, d time.Duration) error {
+func (r *Resources) cooldown(ctx context.Context, id, owner string, lease wire.Lease, registered bool, d time.Duration, known *Resource) error {
 	d, err := LeaseTTL(d)
 	if err != nil {
 		return err
 	}
 	if registered {
-		if err := r.start(ctx, id, owner); err != nil && !errors.Is(err, ErrLeaseLost) {
+		res, wrote, err := r.start(ctx, id, owner, known)
+		if err != nil && !errors.Is(err, ErrLeaseLost) {
 			return err
+		}
+		if wrote {
+			known = &res
 		}
 	}
 	cl, err := r.leases.write(ctx, lease, CooldownOwner(owner), d)
@@ -311,7 +349,7 @@ func (r *Resources) cooldown(ctx context.Context, id, owner string, lease wire.L
 	if !registered {
 		return nil
 	}
-	_, _, err = r.change(ctx, id, fmt.Sprintf("cooldown %v after %s", d, owner), func(cur Resource) (Resource, error) {
+	_, _, err = r.changeFrom(ctx, id, fmt.Sprintf("cooldown %v after %s", d, owner), known, func(cur Resource) (Resource, error) {
 		if cur.LeaseOwner != owner || cur.State != wire.ResourceRunning {
 			return cur, errNoChange
 		}
