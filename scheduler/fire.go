@@ -249,15 +249,17 @@ func (r *runner) fireDue(ctx context.Context) {
 	if r.heap.Len() == 0 || r.heap[0].due.After(now) {
 		return
 	}
+	// The fencing read runs while the jobs catch up: two round trips in
+	// the time of one.
+	fence := make(chan error, 1)
+	go func() { fence <- r.fenced(ctx) }()
 	if err := r.catchUp(ctx); err != nil {
+		<-fence
 		r.s.log.Warn("not firing: jobs not current", "err", err)
 		r.hold(now)
 		return
 	}
-	if !r.leader {
-		return
-	}
-	if err := r.fenced(ctx); err != nil {
+	if err := <-fence; err != nil {
 		r.s.log.Warn("not firing: fencing check failed", "err", err)
 		r.hold(now)
 		return
@@ -379,6 +381,12 @@ func (r *runner) fire(en *entry, pf plannedFire, now time.Time, counts *taskCoun
 	}}
 	p.f, p.err = r.s.js.PublishMsgAsync(msg)
 	en.state.Active = append(en.state.Active, wire.ActiveRun{TaskID: id, Planned: pf.at})
+	if n := len(en.state.Active) - maxActivePerJob; n > 0 {
+		for _, a := range en.state.Active[:n] {
+			delete(r.active, a.TaskID)
+		}
+		en.state.Active = slices.Delete(en.state.Active, 0, n)
+	}
 	if j.MaxPerHour > 0 {
 		en.state.RecentFires = append(en.state.RecentFires, now)
 	}

@@ -25,6 +25,14 @@ import (
 // downtime; the rest are counted in one summary event.
 const maxMissedEvents = 100
 
+// maxReconcile bounds the task lookups of one reconciliation pass.
+const maxReconcile = 1000
+
+// maxActivePerJob bounds the unfinished runs tracked per job (overlap
+// allow, tasks nobody works on); the oldest is forgotten first, its run
+// record left as last written.
+const maxActivePerJob = 100
+
 // maxMisfireScan bounds how many missed planned times are enumerated for a
 // job; a longer gap is skipped to the present.
 const maxMisfireScan = 100_000
@@ -96,8 +104,11 @@ type runner struct {
 	dirty   []*entry
 	// done is closed when the loop returns, releasing NATS callbacks that
 	// wait for it.
-	done    chan struct{}
-	elector sync.WaitGroup
+	done chan struct{}
+
+	reconciled  chan []wire.TaskInfo
+	reconciling bool
+	elector     sync.WaitGroup
 }
 
 func (s *Scheduler) newRunner(ctx context.Context) (*runner, error) {
@@ -115,13 +126,14 @@ func (s *Scheduler) newRunner(ctx context.Context) (*runner, error) {
 	}
 	r := &runner{
 		s: s, jobs: jobs, st: st, jobsStr: str,
-		entries:   map[string]*entry{},
-		leaderCh:  make(chan leaderChange),
-		active:    map[string]*active{},
-		cooldowns: map[string]time.Time{},
-		events:    make(chan jetstream.Msg, 1024),
-		triggers:  make(chan triggerReq),
-		done:      make(chan struct{}),
+		entries:    map[string]*entry{},
+		leaderCh:   make(chan leaderChange),
+		active:     map[string]*active{},
+		cooldowns:  map[string]time.Time{},
+		events:     make(chan jetstream.Msg, 1024),
+		triggers:   make(chan triggerReq),
+		done:       make(chan struct{}),
+		reconciled: make(chan []wire.TaskInfo),
 	}
 	if b, err := s.js.KeyValue(ctx, wire.BucketTasks); err == nil {
 		r.tasks = b
@@ -215,6 +227,8 @@ func (r *runner) loop(ctx context.Context) error {
 		case tr := <-r.triggers:
 			tr.reply <- r.trigger(ctx, tr.job)
 			r.arm()
+		case found := <-r.reconciled:
+			r.reconciledRuns(ctx, found)
 		case <-reconcileC:
 			r.reconcileActive(ctx)
 			r.reconcile.Reset(r.s.cfg.ReconcileInterval)
@@ -639,24 +653,48 @@ func (r *runner) putRun(run wire.JobRun) {
 	r.pending = append(r.pending, f)
 }
 
-// reconcileActive ends the runs whose task gantry_tasks shows finished, in
-// case their end event was missed.
+// reconcileActive looks up, off the loop, the unfinished runs in
+// gantry_tasks, in case their end event was missed; the loop ends those
+// found finished when the answer comes back on reconciled.
 func (r *runner) reconcileActive(ctx context.Context) {
-	if r.tasks == nil {
+	if r.tasks == nil || r.reconciling || len(r.active) == 0 {
 		return
 	}
+	ids := make([]string, 0, min(len(r.active), maxReconcile))
 	for id := range r.active {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		e, err := r.tasks.Get(cctx, id)
-		cancel()
-		if err != nil {
-			continue
+		if len(ids) == maxReconcile {
+			break
 		}
-		var info wire.TaskInfo
-		if json.Unmarshal(e.Value(), &info) != nil || !info.State.Terminal() {
-			continue
+		ids = append(ids, id)
+	}
+	r.reconciling = true
+	go func() {
+		var found []wire.TaskInfo
+		for _, id := range ids {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			e, err := r.tasks.Get(cctx, id)
+			cancel()
+			if err != nil {
+				continue
+			}
+			var info wire.TaskInfo
+			if json.Unmarshal(e.Value(), &info) == nil && info.State.Terminal() {
+				info.ID = id
+				found = append(found, info)
+			}
 		}
-		r.finish(id, info.State, info.Attempts, info.LastError, info.UpdatedAt)
+		select {
+		case r.reconciled <- found:
+		case <-r.done:
+		}
+	}()
+}
+
+// reconciledRuns ends the runs reconcileActive found finished.
+func (r *runner) reconciledRuns(ctx context.Context, found []wire.TaskInfo) {
+	r.reconciling = false
+	for _, info := range found {
+		r.finish(info.ID, info.State, info.Attempts, info.LastError, info.UpdatedAt)
 	}
 	r.flush(ctx)
 }

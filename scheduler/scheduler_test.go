@@ -417,3 +417,27 @@ func TestStopBeforeRunAndTwice(t *testing.T) {
 		t.Error("New with a TTL of 1.5s = nil error, want one")
 	}
 }
+
+func TestReconcileFromTaskBucket(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(Config{ReconcileInterval: 5 * time.Minute}, true)
+	b.addJob(wire.Job{Name: "rec", Type: "noop", Every: "1m", Overlap: wire.OverlapForbid})
+	b.advance(time.Minute)
+	first := b.waitTasks(1)[0]
+	// The worker's end event never came, but its record says it failed.
+	tasks, err := b.env.JS.KeyValue(context.Background(), wire.BucketTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(wire.TaskInfo{ID: first.id, Type: "noop", Queue: "default", State: wire.TaskNeedsReview,
+		Attempts: 3, LastError: "exit status 2", UpdatedAt: t0.Add(90 * time.Second)})
+	if _, err := tasks.Put(context.Background(), first.id, rec); err != nil {
+		t.Fatal(err)
+	}
+	b.advance(5 * time.Minute)
+	b.waitFor("the run ended from gantry_tasks", func() bool {
+		r, err := b.st.Run(context.Background(), "rec", first.planned)
+		return err == nil && r.State == wire.TaskNeedsReview && r.Attempts == 3 && r.Error == "exit status 2"
+	})
+}
