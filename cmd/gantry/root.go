@@ -69,6 +69,9 @@ Start everything in one process with 'gantry run'.`,
 		a.resourceCommand(),
 		a.jobCommand(),
 		a.schedulerCommand(),
+		a.submitCommand(),
+		a.taskCommand(),
+		a.workerCommand(),
 	)
 	return root
 }

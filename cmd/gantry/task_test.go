@@ -1,0 +1,162 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+// taskJSON runs 'gantry task get ID --json' and decodes the record.
+func taskJSON(t *testing.T, url, id string) wire.TaskRecord {
+	t.Helper()
+	code, out, stderr := runInProcess(t, "task", "get", id, "--json", "--server", url)
+	if code != exitOK {
+		t.Fatalf("task get %s = exit %d (%s), want 0", id, code, stderr)
+	}
+	var rec wire.TaskRecord
+	if err := json.Unmarshal([]byte(out), &rec); err != nil {
+		t.Fatalf("task get %s --json: %v in %q", id, err, out)
+	}
+	return rec
+}
+
+// waitTaskState polls 'gantry task get' until the task is in state.
+func waitTaskState(t *testing.T, url, id string, state wire.TaskState) wire.TaskRecord {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rec := taskJSON(t, url, id)
+		if rec.State == state {
+			return rec
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task %s state = %s (%s), want %s within 20s", id, rec.State, rec.LastError, state)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestSubmitAndTaskCommands(t *testing.T) {
+	t.Parallel()
+	_, ready := startGantry(t, "run", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
+	url := ready.NATS
+
+	code, out, stderr := runInProcess(t, "submit", "noop", "--payload", `{"sleep":"10ms"}`, "--wait", "--server", url)
+	if code != exitOK || !strings.Contains(out, "SUCCEEDED after 1 attempt(s)") {
+		t.Fatalf("submit noop --wait = exit %d, %q (%s); want 0 and SUCCEEDED", code, out, stderr)
+	}
+	id := strings.Fields(out)[0]
+	rec := taskJSON(t, url, id)
+	if rec.ID != id || rec.Type != "noop" || rec.Queue != "default" || rec.State != wire.TaskSucceeded || rec.Attempts != 1 || rec.CreatedAt.IsZero() {
+		t.Errorf("task get = %+v, want id %s, noop, default, SUCCEEDED, 1 attempt, created_at", rec.TaskInfo, id)
+	}
+
+	// A permanent failure: NEEDS_REVIEW after one attempt, and submit
+	// --wait exits 1.
+	code, out, _ = runInProcess(t, "submit", "exec", "--id", "perm-1", "--wait", "--server", url,
+		"--payload", `{"cmd":["sh","-c","echo broken >&2; exit 3"],"fail_exit_codes":[3]}`)
+	if code != exitFailure || !strings.Contains(out, "NEEDS_REVIEW") {
+		t.Fatalf("submit failing exec --wait = exit %d, %q; want 1 and NEEDS_REVIEW", code, out)
+	}
+	rec = taskJSON(t, url, "perm-1")
+	if rec.Attempts != 1 || !strings.Contains(rec.LastError, "broken") {
+		t.Errorf("perm-1 = attempts %d, last error %q; want 1 and broken", rec.Attempts, rec.LastError)
+	}
+	code, out, _ = runInProcess(t, "task", "ls", "--state", "NEEDS_REVIEW", "--json", "--server", url)
+	var list []wire.TaskRecord
+	if err := json.Unmarshal([]byte(out), &list); code != exitOK || err != nil || len(list) != 1 || list[0].ID != "perm-1" {
+		t.Errorf("task ls --state NEEDS_REVIEW = exit %d, %d tasks (%v); want perm-1 only", code, len(list), err)
+	}
+
+	// retry requeues it: it runs (and fails) again.
+	if code, _, stderr := runInProcess(t, "task", "retry", "perm-1", "--server", url); code != exitOK {
+		t.Fatalf("task retry = exit %d (%s), want 0", code, stderr)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rec = taskJSON(t, url, "perm-1")
+		if rec.State == wire.TaskNeedsReview && !strings.HasPrefix(rec.LastError, "retried") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("perm-1 after retry = %s (%s), want NEEDS_REVIEW again", rec.State, rec.LastError)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// Usage and lookup errors.
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"task", "retry", id}, exitUsage},
+		{[]string{"task", "cancel", id}, exitUsage},
+		{[]string{"task", "get", "nope"}, exitNotFound},
+		{[]string{"task", "ls", "--state", "DONE"}, exitUsage},
+		{[]string{"submit", "noop", "--payload", "{not json"}, exitUsage},
+		{[]string{"submit", "no.op"}, exitUsage},
+		{[]string{"submit", "noop", "--timeout", "soon"}, exitUsage},
+		{[]string{"submit", "noop", "--id", "perm-1"}, exitConflict},
+	} {
+		if code, _, stderr := runInProcess(t, append(tc.args, "--server", url)...); code != tc.code {
+			t.Errorf("%v = exit %d (%s), want %d", tc.args, code, stderr, tc.code)
+		}
+	}
+
+	// key: the second submit names the first task and publishes nothing.
+	_, out1, _ := runInProcess(t, "submit", "noop", "--key", "nightly-2026-11-30", "--server", url)
+	_, out2, stderr := runInProcess(t, "submit", "noop", "--key", "nightly-2026-11-30", "--server", url)
+	if strings.TrimSpace(out1) == "" || out1 != out2 || !strings.Contains(stderr, "not submitted again") {
+		t.Errorf("submit --key twice = %q, %q (%s); want the same id, not submitted again", out1, out2, stderr)
+	}
+
+	// cancel: a running task stops, a waiting one is removed.
+	_, out, _ = runInProcess(t, "submit", "noop", "--id", "long-1", "--payload", `{"sleep":"1m"}`, "--server", url)
+	waitTaskState(t, url, "long-1", wire.TaskRunning)
+	if code, _, stderr := runInProcess(t, "task", "cancel", "long-1", "--server", url); code != exitOK {
+		t.Fatalf("task cancel = exit %d (%s), want 0", code, stderr)
+	}
+	waitTaskState(t, url, "long-1", wire.TaskCancelled)
+	future := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	runInProcess(t, "submit", "noop", "--id", "later-1", "--not-before", future, "--server", url)
+	waitTaskState(t, url, "later-1", wire.TaskWaiting)
+	if code, _, stderr := runInProcess(t, "task", "cancel", "later-1", "--server", url); code != exitOK {
+		t.Fatalf("task cancel later-1 = exit %d (%s), want 0", code, stderr)
+	}
+	if rec := taskJSON(t, url, "later-1"); rec.State != wire.TaskCancelled {
+		t.Errorf("later-1 = %s, want CANCELLED", rec.State)
+	}
+}
+
+func TestWorkerCommand(t *testing.T) {
+	t.Parallel()
+	_, ready := startGantry(t, "broker", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
+	url := ready.NATS
+	w, _ := startGantry(t, "worker", "--server", url, "--queue", "batch=2", "--ack-wait", "2s")
+	code, out, stderr := runInProcess(t, "submit", "exec", "--queue", "batch", "--wait", "--server", url,
+		"--payload", `{"cmd":["sh","-c","echo task=$GANTRY_TASK_ID"]}`)
+	if code != exitOK {
+		t.Fatalf("submit to worker = exit %d, %q (%s); want 0", code, out, stderr)
+	}
+	rec := taskJSON(t, url, strings.Fields(out)[0])
+	if !strings.Contains(rec.Output, "task="+rec.ID) {
+		t.Errorf("output = %q, want task=%s", rec.Output, rec.ID)
+	}
+	if err := w.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("worker after SIGTERM = %v, want exit 0", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("worker did not stop within 10s of SIGTERM")
+	}
+}

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/workers"
+)
+
+// workerFlags are the settings of the workers, in 'gantry worker' and
+// 'gantry run'.
+type workerFlags struct {
+	name        string
+	queues      []string
+	concurrency int
+	typeLimits  []string
+	ackWait     time.Duration
+	maxAttempts int
+	backoffBase time.Duration
+	backoffMax  time.Duration
+	delay       time.Duration
+	timeout     time.Duration
+	maxPayload  int
+	killGrace   time.Duration
+}
+
+func (f *workerFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.name, "worker-name", "", "this worker's name in task records and resource leases (default <host>-<pid>)")
+	fl.StringSliceVar(&f.queues, "queue", []string{wire.DefaultQueue}, "queue to run tasks of, as NAME or NAME=CONCURRENCY (repeatable)")
+	fl.IntVar(&f.concurrency, "concurrency", 64, "tasks of a queue running at once, across all workers (the consumer's MaxAckPending)")
+	fl.StringSliceVar(&f.typeLimits, "type-limit", nil, "TYPE=N: at most N tasks of TYPE at once; a queue with type limits runs only the types listed (repeatable)")
+	fl.DurationVar(&f.ackWait, "ack-wait", 30*time.Second, "ack deadline: a dead worker's task is redelivered after it; running tasks heartbeat every third of it")
+	fl.IntVar(&f.maxAttempts, "max-attempts", 5, "default attempts of a task before NEEDS_REVIEW (a task's max_attempts wins)")
+	fl.DurationVar(&f.backoffBase, "backoff-base", time.Second, "retry n waits min(base*2^(n-1), max) with ±20% jitter")
+	fl.DurationVar(&f.backoffMax, "backoff-max", 5*time.Minute, "longest wait between retries")
+	fl.DurationVar(&f.delay, "delay", 30*time.Second, "wait of a delayed retry without a hint (delay exit code, resource unavailable)")
+	fl.DurationVar(&f.timeout, "task-timeout", 10*time.Minute, "default timeout of one attempt (a task's timeout wins)")
+	fl.IntVar(&f.maxPayload, "max-payload", 1<<20, "largest task message in bytes; a larger one is rejected")
+	fl.DurationVar(&f.killGrace, "kill-grace", 5*time.Second, "time between SIGTERM and SIGKILL of an exec task's process tree on timeout or cancel")
+}
+
+// config turns the flags into the workers' Config.
+func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
+	types := map[string]workers.Type{}
+	for _, tl := range f.typeLimits {
+		typ, n, ok := strings.Cut(tl, "=")
+		v, err := strconv.Atoi(n)
+		if !ok || err != nil || v < 1 || !wire.ValidToken(typ) {
+			return workers.Config{}, usageError("--type-limit %q: want TYPE=N with N > 0", tl)
+		}
+		types[typ] = workers.Type{Concurrency: v}
+	}
+	var queues []workers.Queue
+	for _, q := range f.queues {
+		name, n, hasN := strings.Cut(q, "=")
+		conc := f.concurrency
+		if hasN {
+			v, err := strconv.Atoi(n)
+			if err != nil || v < 1 {
+				return workers.Config{}, usageError("--queue %q: want NAME or NAME=CONCURRENCY with CONCURRENCY > 0", q)
+			}
+			conc = v
+		}
+		if !wire.ValidToken(name) {
+			return workers.Config{}, usageError("--queue %q: a queue name has no spaces, '.', '*' or '>'", q)
+		}
+		queues = append(queues, workers.Queue{Name: name, Concurrency: conc, AckWait: f.ackWait, Types: types})
+	}
+	if f.concurrency < 1 || f.maxAttempts < 1 || f.ackWait < 100*time.Millisecond || f.backoffBase <= 0 ||
+		f.backoffMax < f.backoffBase || f.timeout <= 0 || f.maxPayload < 1 {
+		return workers.Config{}, usageError("worker flags: want --concurrency ≥ 1, --max-attempts ≥ 1, --ack-wait ≥ 100ms, 0 < --backoff-base ≤ --backoff-max, --task-timeout > 0, --max-payload ≥ 1")
+	}
+	return workers.Config{
+		Name:   f.name,
+		Queues: queues,
+		Policy: workers.Policy{MaxAttempts: f.maxAttempts, BackoffBase: f.backoffBase, BackoffMax: f.backoffMax,
+			Delay: f.delay, Timeout: f.timeout},
+		MaxPayload: f.maxPayload,
+		KillGrace:  f.killGrace,
+		Logger:     log.With("component", "workers"),
+	}, nil
+}
+
+// defaultWorkerFlags are the worker settings of 'gantry run'.
+func defaultWorkerFlags() *workerFlags {
+	cmd := &cobra.Command{}
+	f := &workerFlags{}
+	f.register(cmd)
+	return f
+}
+
+// workerActor runs the workers with the egress route picker they use.
+type workerActor struct {
+	w      *workers.Workers
+	picker *kv.RoutePicker
+}
+
+func (a *workerActor) Run(ctx context.Context) error {
+	defer a.picker.Close()
+	return a.w.Run(ctx)
+}
+
+func (a *workerActor) Stop()                  { a.w.Stop() }
+func (a *workerActor) Ready() <-chan struct{} { return a.w.Ready() }
+
+// addWorkers adds the workers, going out through the egress routes of
+// gantry_routes, to the process.
+func (p *process) addWorkers(ctx context.Context, f *workerFlags, log *slog.Logger, nc *nats.Conn, js jetstream.JetStream) error {
+	cfg, err := f.config(log)
+	if err != nil {
+		return err
+	}
+	picker, err := kv.NewRoutePicker(ctx, kv.RoutePickerConfig{Logger: log.With("component", "routes")}, nc, js)
+	if err != nil {
+		return err
+	}
+	cfg.Routes = picker
+	w, err := workers.New(cfg, nc)
+	if err != nil {
+		picker.Close()
+		return err
+	}
+	p.addActor("workers", &workerActor{w: w, picker: picker})
+	return nil
+}
+
+func (a *app) workerCommand() *cobra.Command {
+	var f workerFlags
+	cmd := &cobra.Command{
+		Use:   "worker [--queue Q[=N]]... [flags]",
+		Short: "Run task workers alone, connected to a broker with --server",
+		Long: `Worker runs only the task workers, connected to a broker with --server, for
+a system split across machines ('gantry run' includes them).
+
+Each queue is a durable pull consumer on gantry.tasks.<queue>.> shared by
+every worker of that queue: --concurrency (the consumer's MaxAckPending) caps
+the tasks running at once across all of them, and the broker enforces it.
+A running task heartbeats every --ack-wait/3; a worker that dies loses its
+tasks to another after --ack-wait (then 2x, 4x... as the consumer's BackOff).
+
+Failures are classified: retryable ones (non-zero exit, timeout, 5xx, reset)
+wait min(base*2^(n-1), max) with jitter; delayed ones (429/503 Retry-After,
+busy resource, route cooldown, delay exit codes) wait for the hint without
+using up an attempt; permanent ones (bad input, 4xx, fail exit codes, unknown
+type) go to NEEDS_REVIEW at once, as does a task out of attempts.
+
+Built-in types: noop, exec, http. Any other type is sent as a request to
+gantry.handlers.<type>. See docs/tasks.md.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.worker(cmd.Context(), &f) },
+	}
+	f.register(cmd)
+	return cmd
+}
+
+func (a *app) worker(ctx context.Context, f *workerFlags) error {
+	log, err := a.logger()
+	if err != nil {
+		return err
+	}
+	if _, err := f.config(log); err != nil {
+		return err
+	}
+	nc, js, err := a.client.connect("gantry-worker", nats.MaxReconnects(-1))
+	if err != nil {
+		return err
+	}
+	p := newProcess(log)
+	p.conns = append(p.conns, nc)
+	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "queues", strings.Join(f.queues, ","))
+
+	// Signals: SIGINT and SIGTERM stop taking tasks; running ones get the
+	// drain time to finish, then are handed back to the broker.
+	p.addSignals(ctx)
+
+	// Workers: run the tasks of the queues.
+	if err := p.addWorkers(ctx, f, log, nc, js); err != nil {
+		nc.Close()
+		return fmt.Errorf("workers: %w", err)
+	}
+	return p.run()
+}
