@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
@@ -24,6 +26,16 @@ func TestLeaseCLI(t *testing.T) {
 	u := env.URL
 	if code, out, errs := leaseCLI(t, u, "lease", "acquire", "cam1", "--owner", "alice", "--ttl", "30s", "--json"); code != exitOK || !strings.Contains(out, `"owner": "alice"`) {
 		t.Fatalf("acquire = %d %q %q, want 0 and alice's lease", code, out, errs)
+	}
+	// The CLI waits for its audit events before it exits.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	audit, err := env.JS.Stream(ctx, wire.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := audit.GetLastMsgForSubject(ctx, wire.EventResourceLeased.Subject()); err != nil {
+		t.Errorf("RESOURCE_LEASED after lease acquire: %v", err)
 	}
 	for _, args := range [][]string{
 		{"lease", "acquire", "cam1", "--owner", "bob"},
