@@ -81,6 +81,7 @@ func (h *Holder) renewLoop() {
 	clk := h.l.clock
 	interval := max(h.ttl/3, 100*time.Millisecond)
 	lastOK := clk.Now()
+	failing := false
 	t := clk.NewTimer(interval)
 	defer t.Stop()
 	for {
@@ -93,7 +94,16 @@ func (h *Holder) renewLoop() {
 		}
 		rctx, cancel := context.WithTimeout(h.ctx, interval)
 		lease, err := h.l.Renew(rctx, h.Lease(), h.ttl)
+		if errors.Is(err, ErrLeaseLost) && failing {
+			// A renewal that timed out may have been stored all the same,
+			// moving the revision on: if the lease is still this owner's,
+			// carry on from it.
+			if cur, gerr := h.l.Get(rctx, h.Lease().Resource); gerr == nil && cur.Owner == h.Lease().Owner {
+				lease, err = h.l.Renew(rctx, cur, h.ttl)
+			}
+		}
 		cancel()
+		failing = err != nil
 		switch {
 		case err == nil:
 			h.mu.Lock()
