@@ -204,23 +204,14 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	})
 	defer runningTimer.Stop()
 
-	// Heartbeat: keep the delivery while the task runs.
-	hbDone := make(chan struct{})
-	defer close(hbDone)
-	go func() {
-		t := time.NewTicker(max(d.sp.queue.AckWait/3, 10*time.Millisecond))
-		defer t.Stop()
-		for {
-			select {
-			case <-hbDone:
-				return
-			case <-t.C:
-				if err := m.InProgress(); err != nil {
-					w.log.Debug("heartbeat", "task_id", id, "err", err)
-				}
-			}
+	// Heartbeat: keep the delivery while the task runs. A timer, not a
+	// goroutine, so that short tasks cost nothing.
+	hb := newHeartbeat(max(d.sp.queue.AckWait/3, 10*time.Millisecond), func() {
+		if err := m.InProgress(); err != nil {
+			w.log.Debug("heartbeat", "task_id", id, "err", err)
 		}
-	}()
+	})
+	defer hb.stop()
 
 	t := &Task{ID: id, Type: d.rec.Type, Queue: d.rec.Queue, Attempt: attempt, Payload: d.task.Payload,
 		Resource: d.rec.Resource, Deadline: deadline, cps: w.cps}
@@ -465,4 +456,33 @@ func (d *delivery) term(reason string) {
 	if err := d.msg.TermWithReason(reason); err != nil {
 		d.w.log.Warn("term", "task_id", d.rec.ID, "err", err)
 	}
+}
+
+// heartbeat calls beat every interval until stopped.
+type heartbeat struct {
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+}
+
+func newHeartbeat(every time.Duration, beat func()) *heartbeat {
+	h := &heartbeat{}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.timer = time.AfterFunc(every, func() {
+		beat()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if !h.stopped {
+			h.timer.Reset(every)
+		}
+	})
+	return h
+}
+
+func (h *heartbeat) stop() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stopped = true
+	h.timer.Stop()
 }

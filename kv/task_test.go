@@ -1,0 +1,158 @@
+package kv_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+func TestTaskStore(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	ctx := context.Background()
+	s, err := kv.NewTaskStore(ctx, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	rec := wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: "t1", Type: "noop", Queue: "default", State: wire.TaskWaiting, CreatedAt: t0, UpdatedAt: t0}}
+	rev, err := s.Create(ctx, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(ctx, rec); !errors.Is(err, kv.ErrTaskExists) {
+		t.Errorf("Create twice = %v, want ErrTaskExists", err)
+	}
+	rec.State = wire.TaskRunning
+	if _, err := s.Update(ctx, rec, rev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Update(ctx, rec, rev); !errors.Is(err, kv.ErrTaskChanged) {
+		t.Errorf("Update at a stale revision = %v, want ErrTaskChanged", err)
+	}
+	rec.State = wire.TaskSucceeded
+	f, err := s.PutAsync(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-f.Ok():
+	case err := <-f.Err():
+		t.Fatal(err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("PutAsync not acknowledged within 5s")
+	}
+	got, _, err := s.Get(ctx, "t1")
+	if err != nil || got.State != wire.TaskSucceeded || !got.CreatedAt.Equal(t0) {
+		t.Errorf("Get = %+v, %v; want SUCCEEDED created at %v", got.TaskInfo, err, t0)
+	}
+	if _, _, err := s.Get(ctx, "missing"); !errors.Is(err, kv.ErrTaskNotFound) {
+		t.Errorf("Get(missing) = %v, want ErrTaskNotFound", err)
+	}
+	if _, _, err := s.Get(ctx, "bad.id"); !errors.Is(err, kv.ErrTaskNotFound) {
+		t.Errorf("Get(bad.id) = %v, want ErrTaskNotFound", err)
+	}
+	if _, err := s.Put(ctx, wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: "a b"}}); err == nil {
+		t.Error("Put with id \"a b\" = nil, want an error")
+	}
+	rec2 := rec
+	rec2.ID, rec2.State, rec2.CreatedAt = "t2", wire.TaskNeedsReview, t0.Add(-time.Hour)
+	if _, err := s.Put(ctx, rec2); err != nil {
+		t.Fatal(err)
+	}
+	all, err := s.List(ctx, nil)
+	if err != nil || len(all) != 2 || all[0].ID != "t2" || all[1].ID != "t1" {
+		t.Errorf("List = %d records (%v), want t2 then t1 (oldest first)", len(all), err)
+	}
+	review, err := s.List(ctx, func(r wire.TaskRecord) bool { return r.State == wire.TaskNeedsReview })
+	if err != nil || len(review) != 1 || review[0].ID != "t2" {
+		t.Errorf("List(NEEDS_REVIEW) = %v (%v), want t2", review, err)
+	}
+	if err := s.Delete(ctx, "t2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Get(ctx, "t2"); !errors.Is(err, kv.ErrTaskNotFound) {
+		t.Errorf("Get after Delete = %v, want ErrTaskNotFound", err)
+	}
+}
+
+func TestCheckpointStore(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	ctx := context.Background()
+	s, err := kv.NewCheckpointStore(ctx, env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp, err := s.Load(ctx, "t1"); cp != nil || err != nil {
+		t.Errorf("Load before Save = %v, %v; want nil, nil", cp, err)
+	}
+	want := wire.Checkpoint{Stage: "upload", LastItem: "f7", Counts: map[string]int64{"done": 7}, Attempt: 1, UpdatedAt: time.Now().UTC()}
+	if err := s.Save(ctx, "t1", want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Load(ctx, "t1")
+	if err != nil || got == nil || got.Stage != "upload" || got.LastItem != "f7" || got.Counts["done"] != 7 {
+		t.Errorf("Load = %+v, %v; want the saved checkpoint", got, err)
+	}
+
+	// Operation keys: new, then done; one left started is in doubt; an
+	// aborted one may run again.
+	for _, tc := range []struct {
+		op   string
+		want kv.OpState
+	}{{"send", kv.OpNew}} {
+		if st, err := s.BeginOp(ctx, "t1", tc.op); st != tc.want || err != nil {
+			t.Errorf("BeginOp(%s) = %v, %v; want %v", tc.op, st, err, tc.want)
+		}
+	}
+	if st, _ := s.BeginOp(ctx, "t1", "send"); st != kv.OpInDoubt {
+		t.Errorf("BeginOp of a started op = %v, want OpInDoubt", st)
+	}
+	if err := s.FinishOp(ctx, "t1", "send"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.BeginOp(ctx, "t1", "send"); st != kv.OpDone {
+		t.Errorf("BeginOp of a finished op = %v, want OpDone", st)
+	}
+	if st, _ := s.BeginOp(ctx, "t1", "charge card"); st != kv.OpNew {
+		t.Errorf("BeginOp(charge card) = %v, want OpNew", st)
+	}
+	if err := s.AbortOp(ctx, "t1", "charge card"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.BeginOp(ctx, "t1", "charge card"); st != kv.OpNew {
+		t.Errorf("BeginOp after AbortOp = %v, want OpNew", st)
+	}
+	if st, _ := s.BeginOp(ctx, "t10", "send"); st != kv.OpNew {
+		t.Errorf("BeginOp(t10, send) = %v, want OpNew (not t1's)", st)
+	}
+	if err := s.Clear(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if cp, _ := s.Load(ctx, "t1"); cp != nil {
+		t.Errorf("Load after Clear = %+v, want nil", cp)
+	}
+	if st, _ := s.BeginOp(ctx, "t1", "send"); st != kv.OpNew {
+		t.Errorf("BeginOp after Clear = %v, want OpNew", st)
+	}
+	if st, _ := s.BeginOp(ctx, "t10", "send"); st != kv.OpInDoubt {
+		t.Errorf("t10's op after clearing t1 = %v, want OpInDoubt (untouched)", st)
+	}
+
+	// Dedupe keys.
+	if owner, err := s.ClaimKey(ctx, "nightly", "a", time.Hour); owner != "a" || err != nil {
+		t.Errorf("ClaimKey(a) = %q, %v; want a", owner, err)
+	}
+	if owner, err := s.ClaimKey(ctx, "nightly", "b", time.Hour); owner != "a" || err != nil {
+		t.Errorf("ClaimKey(b) = %q, %v; want a (the first claimant)", owner, err)
+	}
+	if owner, err := s.ClaimKey(ctx, "nightly", "a", time.Hour); owner != "a" || err != nil {
+		t.Errorf("ClaimKey(a) again = %q, %v; want a", owner, err)
+	}
+}
