@@ -137,6 +137,7 @@ func (s *Service) Stats() wire.AuditStats {
 // Run opens the store, consumes the audit stream into it, answers the
 // query service and applies retention until Stop (clean, nil) or ctx ends.
 func (s *Service) Run(ctx context.Context) error {
+	s.removeStaleBackups()
 	store, err := OpenStore(s.cfg.Dir, StoreOptions{Logger: s.log, FS: s.cfg.FS})
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -427,7 +428,16 @@ func TestServiceRetention(t *testing.T) {
 func TestServiceBackup(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
-	startService(t, env, Config{Dir: filepath.Join(t.TempDir(), "audit")})
+	data := t.TempDir()
+	// What a backup interrupted by a crash leaves behind.
+	stale := filepath.Join(data, scratchPattern+"123", "store")
+	if err := os.MkdirAll(stale, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	startService(t, env, Config{Dir: filepath.Join(data, "audit")})
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale scratch dir after start: %v, want it removed", err)
+	}
 	evs := testEvents(250)
 	publish(t, env.JS, evs)
 	waitStored(t, env.NC, 250)

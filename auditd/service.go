@@ -113,10 +113,25 @@ func (s *Service) handleBackup(r micro.Request) {
 	_ = r.RespondJSON(reply)
 }
 
+// scratchPattern names the scratch directories of backups, next to the
+// store.
+const scratchPattern = ".audit-backup-"
+
+// removeStaleBackups removes the scratch directories a backup interrupted
+// by a crash left next to the store.
+func (s *Service) removeStaleBackups() {
+	stale, _ := filepath.Glob(filepath.Join(filepath.Dir(filepath.Clean(s.cfg.Dir)), scratchPattern+"*"))
+	for _, dir := range stale {
+		if err := os.RemoveAll(dir); err != nil {
+			s.log.Warn("remove stale backup scratch dir", "dir", dir, "err", err)
+		}
+	}
+}
+
 // backup checkpoints the store into a scratch directory next to it and
 // puts every file into BucketAuditBackups as <name>/<path>.
 func (s *Service) backup(ctx context.Context, name string) (wire.AuditBackupReply, error) {
-	scratch, err := os.MkdirTemp(filepath.Dir(filepath.Clean(s.cfg.Dir)), ".audit-backup-")
+	scratch, err := os.MkdirTemp(filepath.Dir(filepath.Clean(s.cfg.Dir)), scratchPattern)
 	if err != nil {
 		return wire.AuditBackupReply{}, fmt.Errorf("backup scratch dir: %w", err)
 	}
