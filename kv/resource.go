@@ -272,9 +272,23 @@ func (r *Resources) SetState(ctx context.Context, id string, to wire.ResourceSta
 		return next, nil
 	})
 	if err != nil {
+		r.refused(err, reason)
 		return Resource{}, fmt.Errorf("set resource state: %w", err)
 	}
 	return res, nil
+}
+
+// refused records an illegal move as a RESOURCE_MOVE_REFUSED event.
+func (r *Resources) refused(err error, reason string) {
+	var ime *IllegalMoveError
+	if !errors.As(err, &ime) {
+		return
+	}
+	r.ev.emit(wire.Event{
+		Type: wire.EventResourceMoveRefused, ResourceID: ime.Resource, Level: wire.LevelWarn,
+		Message: ime.Error(),
+		Payload: audit.Payload(map[string]any{"from": ime.From, "to": ime.To, "reason": reason, "why": ime.Why}),
+	})
 }
 
 // Disable takes resource id out of service (from any state): it cannot be
@@ -303,6 +317,7 @@ func (r *Resources) Enable(ctx context.Context, id, reason string) (Resource, er
 		return cur, &IllegalMoveError{Resource: id, From: cur.State, To: wire.ResourceAvailable, Why: "enable applies to a DISABLED or FAULT resource"}
 	})
 	if err != nil {
+		r.refused(err, reason)
 		return Resource{}, fmt.Errorf("enable resource: %w", err)
 	}
 	return res, nil

@@ -168,6 +168,12 @@ func TestIllegalMoves(t *testing.T) {
 			t.Errorf("an illegal move changed the resource: revision %d -> %d", before.Revision, after.Revision)
 		}
 	}
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if evs := auditEvents(t, env, wire.EventResourceMoveRefused, "cam1"); len(evs) != 4 {
+		t.Errorf("RESOURCE_MOVE_REFUSED events = %d, want one per refused move (4)", len(evs))
+	}
 	if _, err := r.SetState(ctx, "cam1", wire.ResourceDisabled, ""); err == nil {
 		t.Error("SetState without a reason = nil error, want one")
 	}

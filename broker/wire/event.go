@@ -87,6 +87,7 @@ var eventSubjects = map[EventType]string{
 	EventLeaseConflict:        "resource.lease_conflict",
 	EventLeaseExpired:         "resource.lease_expired",
 	EventResourceStateChanged: "resource.state_changed",
+	EventResourceMoveRefused:  "resource.move_refused",
 
 	EventRouteCooldown:  "route.cooldown",
 	EventRouteRecovered: "route.recovered",
