@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/gantry-dev/gantry/broker/wire"
@@ -94,24 +93,19 @@ func (s *Store) open() (db *pebble.DB, err error) {
 	return db, nil
 }
 
-// pebbleOptions are the store's Pebble options: bloom filters for the point
-// reads of secondary-index lookups, a 32 MiB memtable (fewer, larger
-// flushes for a write-mostly store) and a 64 MiB block cache. The caller
-// unrefs the cache once the database is open.
+// pebbleOptions are the store's Pebble options: a 32 MiB memtable (fewer,
+// larger flushes for a write-mostly store) and a 64 MiB block cache. No
+// bloom filters: every read is a range scan or a seek, which they do not
+// serve. The caller unrefs the cache once the database is open.
 func pebbleOptions(fs vfs.FS, log *slog.Logger) *pebble.Options {
-	po := &pebble.Options{
+	return &pebble.Options{
 		FS:                 fs,
 		FormatMajorVersion: pebble.FormatNewest,
 		Logger:             pebbleLogger{log},
 		MemTableSize:       32 << 20,
 		Cache:              pebble.NewCache(64 << 20),
 	}
-	po.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
-	return po
 }
-
-// Dir returns the store's directory.
-func (s *Store) Dir() string { return s.dir }
 
 // Close closes the store.
 func (s *Store) Close() error {
