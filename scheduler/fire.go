@@ -217,6 +217,7 @@ func (r *runner) unlead(reason string) {
 		return
 	}
 	r.flush(context.Background())
+	r.drain(context.Background())
 	r.leader = false
 	r.s.leading.Store(false)
 	if r.consume != nil {

@@ -25,6 +25,10 @@ import (
 // downtime; the rest are counted in one summary event.
 const maxMissedEvents = 100
 
+// maxPendingAcks bounds the state, run and event publishes awaiting their
+// acknowledgement before the loop waits for them.
+const maxPendingAcks = 2000
+
 // maxReconcile bounds the task lookups of one reconciliation pass.
 const maxReconcile = 1000
 
@@ -520,6 +524,27 @@ func (r *runner) flush(ctx context.Context) {
 	}
 	clear(r.dirty)
 	r.dirty = r.dirty[:0]
+	// Acknowledgements are collected as they come, off the fire path; only
+	// a backlog makes the loop wait.
+	keep := r.pending[:0]
+	for _, f := range r.pending {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			r.s.log.Warn("publish", "subject", f.Msg().Subject, "err", err)
+		default:
+			keep = append(keep, f)
+		}
+	}
+	clear(r.pending[len(keep):])
+	r.pending = keep
+	if len(r.pending) > maxPendingAcks {
+		r.drain(ctx)
+	}
+}
+
+// drain waits for every pending publish.
+func (r *runner) drain(ctx context.Context) {
 	r.wait(ctx, r.pending)
 	clear(r.pending)
 	r.pending = r.pending[:0]
