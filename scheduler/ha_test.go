@@ -71,7 +71,9 @@ func TestLeaderKilledFollowerTakesOver(t *testing.T) {
 	b.waitFor("the follower leads", func() bool { l, _ := follower.Leading(); return l })
 	took := time.Since(killed)
 	t.Logf("takeover after %s (lease TTL %s)", took, ttl)
-	if took > 2*ttl+time.Second {
+	// The broker expires the key at most a TTL after the last renewal;
+	// the margin is for a loaded machine.
+	if took > 2*ttl+3*time.Second {
 		t.Errorf("takeover after %s, want within about the lease TTL %s", took, ttl)
 	}
 	if _, termB := follower.Leading(); termB <= termA {
