@@ -84,8 +84,17 @@ func waitQuery(t *testing.T, url string, n int, args ...string) wire.AuditPage {
 
 func TestAuditQueryAndBackupThroughRun(t *testing.T) {
 	t.Parallel()
-	_, ready := startGantry(t, "run", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
-	_, js := brokertest.Connect(t, ready.NATS)
+	_, ready := startGantry(t, "run", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "", "--audit-retention", "90d")
+	nc, js := brokertest.Connect(t, ready.NATS)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var stats wire.AuditStats
+	if err := auditd.Request(ctx, nc, wire.SubjectAuditStats, struct{}{}, &stats); err != nil {
+		t.Fatalf("audit stats: %v", err)
+	}
+	if want := (90 * 24 * time.Hour).String(); stats.Retention != want {
+		t.Errorf("retention = %s, want %s from --audit-retention 90d", stats.Retention, want)
+	}
 	// A day before now, so they stay clear of the events gantry emits itself.
 	evs := auditEvents(20, time.Now().Add(-24*time.Hour))
 	publishEvents(t, js, evs)
