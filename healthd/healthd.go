@@ -285,6 +285,7 @@ func (h *Healthd) loop(ctx context.Context, r *route) {
 		case reply := <-r.probes:
 			res := h.probeNow(ctx, r)
 			st := r.state
+			st.Proxy = wire.RedactProxy(st.Proxy)
 			reply <- wire.RouteProbeReply{Result: &res, Route: &st}
 		}
 		timer.Stop()

@@ -158,7 +158,7 @@ func TestLatencyDropsScore(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
 	good := site(t, http.StatusOK)
-	fast := proxytest.Start(t, proxytest.HTTPConnect)
+	fast := proxytest.Start(t, proxytest.HTTPConnect, proxytest.WithAuth("bob", "hunter2"))
 	slow := proxytest.Start(t, proxytest.SOCKS5)
 	slow.SetDelay(400 * time.Millisecond)
 	b := start(t, env, Config{Routes: []config.Route{
@@ -174,6 +174,9 @@ func TestLatencyDropsScore(t *testing.T) {
 	}
 	if max := 100 - 400.0/20; rs.Route.Score > max {
 		t.Errorf("slow Score = %v, want <= %v", rs.Route.Score, max)
+	}
+	if strings.Contains(rf.Route.Proxy, "hunter2") || !strings.Contains(rf.Route.Proxy, "bob:xxxxx@") {
+		t.Errorf("probe reply proxy = %q, want the password redacted", rf.Route.Proxy)
 	}
 	if rf.Route.Score <= rs.Route.Score {
 		t.Errorf("fast Score = %v, want above slow's %v", rf.Route.Score, rs.Route.Score)
