@@ -45,6 +45,7 @@ type RouteUnavailableError struct {
 	Wait time.Duration
 }
 
+// Error names the route, its state and the wait.
 func (e *RouteUnavailableError) Error() string {
 	if e.Route == wire.RouteAuto {
 		return fmt.Sprintf("no egress route is AVAILABLE; retry in %v", e.Wait)

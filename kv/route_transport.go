@@ -33,6 +33,7 @@ type ProxyError struct {
 	Err    error
 }
 
+// Error says which proxy refused which tunnel, and how.
 func (e *ProxyError) Error() string {
 	if e.Status != 0 {
 		return fmt.Sprintf("proxy %s refused tunnel to %s: %d %s", e.Proxy, e.Target, e.Status, http.StatusText(e.Status))
@@ -40,6 +41,7 @@ func (e *ProxyError) Error() string {
 	return fmt.Sprintf("proxy %s refused tunnel to %s: %v", e.Proxy, e.Target, e.Err)
 }
 
+// Unwrap returns the SOCKS5 handshake's error, if any.
 func (e *ProxyError) Unwrap() error { return e.Err }
 
 // ProxyAddr returns the address a route's first hop connects to: the
