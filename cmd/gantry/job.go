@@ -179,6 +179,9 @@ func (f *jobFlags) job(name string) (wire.Job, error) {
 		if err != nil {
 			return wire.Job{}, usageError("%v", err)
 		}
+		if !at.After(time.Now()) {
+			return wire.Job{}, usageError("--at %s is in the past: a one-shot job would never fire", at.Format(time.RFC3339))
+		}
 		j.At = &at
 	}
 	j, err := scheduler.Normalize(j)

@@ -153,6 +153,15 @@ func TestJobTriggerWithoutScheduler(t *testing.T) {
 	if code != exitFailure || !strings.Contains(stderr, "no scheduler leads") {
 		t.Errorf("job trigger without a scheduler = exit %d, stderr %q, want 1 saying no scheduler leads", code, stderr)
 	}
+	if code, out, stderr := jobCLI(t, env.URL, "job", "ls", "--json"); code != exitOK || strings.TrimSpace(out) != "[]" {
+		t.Errorf("job ls --json on no jobs = exit %d, %q, %q, want []", code, out, stderr)
+	}
+	if code, _, stderr := jobCLI(t, env.URL, "job", "add", "late", "--type", "noop", "--at", "2020-01-01 00:00"); code != exitUsage || !strings.Contains(stderr, "in the past") {
+		t.Errorf("job add --at in the past = exit %d, %q, want 2", code, stderr)
+	}
+	if code, out, _ := jobCLI(t, env.URL, "job", "add", "soon", "--type", "noop", "--at", time.Now().Add(time.Hour).Format(time.RFC3339)); code != exitOK || !strings.Contains(out, "next fire") {
+		t.Errorf("job add --at in an hour = exit %d, %q, want 0", code, out)
+	}
 }
 
 func TestRunAppliesConfigJobs(t *testing.T) {
@@ -169,7 +178,7 @@ jobs:
 	if err := json.Unmarshal([]byte(out), &jobs); err != nil || code != exitOK || len(jobs) != 2 {
 		t.Fatalf("job ls --json = exit %d, %q, %q", code, out, stderr)
 	}
-	if jobs[0]["name"] != "beat" || jobs[0]["source"] != "config" || jobs[1]["timezone"] != "Europe/Berlin" {
+	if jobs[0]["name"] != "beat" || jobs[0]["source"] != "config" || jobs[0]["every"] != "1s" || jobs[1]["timezone"] != "Europe/Berlin" {
 		t.Errorf("jobs = %v, want beat and nightly from the config", jobs)
 	}
 	_, js := brokertest.Connect(t, ready.NATS)
@@ -189,5 +198,16 @@ func TestRunRefusesBadConfigJob(t *testing.T) {
 	code, _, stderr := runInProcess(t, "run", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "", "--config", cfg)
 	if code != exitUsage || !strings.Contains(stderr, "cron") {
 		t.Errorf("run with a bad job = exit %d, stderr %q, want 2 naming the cron", code, stderr)
+	}
+}
+
+func TestShortDuration(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		time.Second: "1s", time.Minute: "1m", 90 * time.Second: "1m30s", time.Hour: "1h", 2*time.Hour + 30*time.Minute: "2h30m",
+	} {
+		if got := shortDuration(d); got != want {
+			t.Errorf("shortDuration(%s) = %q, want %q", d, got, want)
+		}
 	}
 }

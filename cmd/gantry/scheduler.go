@@ -98,7 +98,7 @@ func jobsFromConfig(cfg *config.File) ([]wire.Job, error) {
 			dst *string
 		}{{c.Every, &j.Every}, {c.Jitter, &j.Jitter}, {c.Timeout, &j.Timeout}, {c.Cooldown, &j.Cooldown}} {
 			if d.v != 0 {
-				*d.dst = d.v.Std().String()
+				*d.dst = shortDuration(d.v.Std())
 			}
 		}
 		if c.At != "" {
@@ -199,4 +199,16 @@ func (p *process) addScheduler(cfg *config.File, log *slog.Logger, js jetstream.
 	}
 	p.addActor("scheduler", s)
 	return nil
+}
+
+// shortDuration writes d as a Go duration without zero tails: 1m, not 1m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
