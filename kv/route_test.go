@@ -78,6 +78,30 @@ func TestRouteTransport(t *testing.T) {
 	}
 }
 
+func TestRouteTransportTLS(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "secure")
+	}))
+	t.Cleanup(srv.Close)
+	for _, kind := range []proxytest.Kind{proxytest.HTTPConnect, proxytest.SOCKS5} {
+		p := proxytest.Start(t, kind)
+		tr, err := NewRouteTransport(p.URL(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig
+		body, err := get(t, tr, srv.URL)
+		tr.CloseIdleConnections()
+		if err != nil || body != "secure" {
+			t.Errorf("GET %s through %s = %q, %v; want %q", srv.URL, p.URL(), body, err, "secure")
+		}
+		if got := p.TunnelsTo(srv.Listener.Addr().String()); got != 1 {
+			t.Errorf("tunnels to the TLS server through %s = %d, want 1", p.URL(), got)
+		}
+	}
+}
+
 func TestRouteTransportErrors(t *testing.T) {
 	t.Parallel()
 	srv := target(t)
