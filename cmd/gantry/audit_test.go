@@ -333,3 +333,27 @@ func TestAuditNoService(t *testing.T) {
 		t.Errorf("query with no auditd = exit %d, %q; want 1 naming auditd", code, stderr)
 	}
 }
+
+func TestAuditEventsSurviveAKill(t *testing.T) {
+	t.Parallel()
+	data := t.TempDir()
+	args := []string{"run", "--data", data, "--nats-listen", "127.0.0.1:0", "--http-listen", ""}
+	cmd, ready := startGantry(t, args...)
+	nc, js := brokertest.Connect(t, ready.NATS)
+	evs := auditEvents(30, time.Now().Add(-48*time.Hour))
+	publishEvents(t, js, evs)
+	window := []string{"--since", evs[0].Time.Format(time.RFC3339Nano), "--until", evs[29].Time.Add(time.Millisecond).Format(time.RFC3339Nano)}
+	waitQuery(t, ready.NATS, 30, window...)
+	nc.Close()
+	// No drain, no flush: the process dies.
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+
+	_, ready = startGantry(t, args...)
+	page := waitQuery(t, ready.NATS, 30, window...)
+	if got := ids(page.Events); !slices.Equal(got, ids(evs)) {
+		t.Errorf("after kill and restart got %v, want %v", got, ids(evs))
+	}
+}
