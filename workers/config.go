@@ -48,7 +48,8 @@ type Config struct {
 	// attempt. Defaults to 4 KiB.
 	OutputTail int
 	// KillGrace is how long an exec'd process tree has between SIGTERM and
-	// SIGKILL on timeout or cancel. Defaults to 5 s.
+	// SIGKILL on timeout or cancel. Defaults to 2 s, so that a stopping
+	// process ends within its 10 s.
 	KillGrace time.Duration
 	// Routes gives http tasks with a route their transport. Nil makes such
 	// tasks fail permanently.
@@ -165,7 +166,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.KeyTTL = cmp.Or(c.KeyTTL, 24*time.Hour)
 	c.StateDelay = cmp.Or(c.StateDelay, 250*time.Millisecond)
 	c.OutputTail = cmp.Or(c.OutputTail, 4096)
-	c.KillGrace = cmp.Or(c.KillGrace, 5*time.Second)
+	c.KillGrace = cmp.Or(c.KillGrace, 2*time.Second)
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{}
 	}

@@ -51,8 +51,9 @@ type Workers struct {
 // pendingWrite is an asynchronous publish whose acknowledgement is checked
 // off the hot path.
 type pendingWrite struct {
-	f  jetstream.PubAckFuture
-	ev *wire.Event
+	f jetstream.PubAckFuture
+	// event: the publish is an audit event, published again on failure.
+	event bool
 }
 
 // spec is one consumer: a queue, or a type of a queue.
@@ -339,13 +340,16 @@ func (w *Workers) track(id string, cancel context.CancelCauseFunc) func() {
 // checked in the background and a failed publish is retried synchronously
 // (the event id dedupes it).
 func (w *Workers) emitAsync(ev wire.Event) {
-	w.audit.Stamp(&ev)
 	f, err := w.audit.EmitAsync(ev)
 	if err != nil {
-		w.emitSync(ev, err)
+		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+		defer cancel()
+		if err2 := w.audit.Emit(ctx, ev); err2 != nil {
+			w.log.Error("audit event lost", "type", ev.Type, "task_id", ev.TaskID, "err", errors.Join(err, err2))
+		}
 		return
 	}
-	w.await(pendingWrite{f: f, ev: &ev})
+	w.await(pendingWrite{f: f, event: true})
 }
 
 // await hands p to the background checker, or checks it here once the
@@ -358,11 +362,13 @@ func (w *Workers) await(p pendingWrite) {
 	}
 }
 
-func (w *Workers) emitSync(ev wire.Event, cause error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+// republish publishes an audit event whose asynchronous publish failed
+// again, synchronously; its Nats-Msg-Id (the event id) stores it once.
+func (w *Workers) republish(m *nats.Msg, cause error) {
+	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
 	defer cancel()
-	if err := w.audit.Emit(ctx, ev); err != nil {
-		w.log.Error("audit event lost", "type", ev.Type, "task_id", ev.TaskID, "err", err, "first_err", cause)
+	if _, err := w.js.PublishMsg(ctx, m); err != nil {
+		w.log.Error("audit event lost", "subject", m.Subject, "err", errors.Join(cause, err))
 	}
 }
 
@@ -395,10 +401,14 @@ func (w *Workers) checkOne(p pendingWrite) {
 	select {
 	case <-p.f.Ok():
 	case <-timer.C:
-		w.log.Warn("write not acknowledged", "subject", p.f.Msg().Subject, "within", ackTimeout)
+		if p.event {
+			w.republish(p.f.Msg(), errors.New("not acknowledged"))
+		} else {
+			w.log.Warn("write not acknowledged", "subject", p.f.Msg().Subject, "within", ackTimeout)
+		}
 	case err := <-p.f.Err():
-		if p.ev != nil {
-			w.emitSync(*p.ev, err)
+		if p.event {
+			w.republish(p.f.Msg(), err)
 		} else {
 			w.log.Warn("task state write failed", "subject", p.f.Msg().Subject, "err", err)
 		}
