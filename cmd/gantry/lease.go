@@ -255,6 +255,8 @@ TTL/3 while CMD runs, releases it when CMD ends and exits with CMD's exit code.
 - If the lease is lost while CMD runs (renewals fail for 2/3 of the TTL, or
   the lease was taken away), CMD's whole process tree is killed and gantry
   exits 1 saying so.
+- When CMD ends, whatever it left running in its process group (its Job
+  Object on Windows) is killed before the lease is released.
 - CMD finds the resource in GANTRY_RESOURCE and the owner in
   GANTRY_LEASE_OWNER. A non-zero exit of CMD is a task failure, not a
   resource fault: the resource returns to AVAILABLE.
@@ -300,23 +302,28 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 	c := exec.Command(argv[0], argv[1:]...)
 	c.Stdin, c.Stdout, c.Stderr = a.stdin, a.stdout, a.stderr
 	c.Env = append(os.Environ(), "GANTRY_RESOURCE="+resource, "GANTRY_LEASE_OWNER="+owner)
-	newProcessGroup(c)
+	// With a stdout or stderr that is not a file, Wait also waits for the
+	// copying, which a process CMD left behind could hold open.
+	c.WaitDelay = time.Second
+	prepareTree(c)
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, forwardedSignals...)
 	defer signal.Stop(sigs)
-	if err := c.Start(); err != nil {
+	tree, err := startTree(c)
+	if err != nil {
 		return errors.Join(withCode(exitFailure, fmt.Errorf("start %s: %w", argv[0], err)), finish())
 	}
+	defer tree.close()
 	waited := make(chan error, 1)
 	go func() { waited <- c.Wait() }()
 	for {
 		select {
 		case s := <-sigs:
-			if err := signalTree(c, s); err != nil {
+			if err := tree.signal(s); err != nil {
 				fmt.Fprintf(a.stderr, "gantry: forward %v to %s: %v\n", s, argv[0], err)
 			}
 		case <-rh.Context().Done():
-			killErr := killTree(c)
+			killErr := tree.kill()
 			<-waited
 			cause := context.Cause(rh.Context())
 			if !errors.Is(cause, kv.ErrLeaseLost) {
@@ -326,8 +333,16 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 			lost := fmt.Errorf("lease on %s lost while %s ran (%v): killed its process tree", resource, argv[0], cause)
 			return withCode(exitFailure, errors.Join(lost, killErr))
 		case err := <-waited:
+			// Nothing CMD left running may act on the resource once the
+			// lease is gone.
+			if kerr := tree.killLeftovers(); kerr != nil {
+				fmt.Fprintf(a.stderr, "gantry: stop what %s left running: %v\n", argv[0], kerr)
+			}
 			if ferr := finish(); ferr != nil {
 				fmt.Fprintf(a.stderr, "gantry: release %s: %v\n", resource, ferr)
+			}
+			if errors.Is(err, exec.ErrWaitDelay) {
+				err = nil
 			}
 			var ee *exec.ExitError
 			if errors.As(err, &ee) {

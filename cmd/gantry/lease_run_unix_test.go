@@ -180,6 +180,33 @@ func TestLeaseRunLostKillsTree(t *testing.T) {
 	}
 }
 
+func TestLeaseRunKillsLeftovers(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	c, out := startLeaseRun(t, env.URL, "cam1", "--",
+		"sh", "-c", `sleep 300 >/dev/null 2>&1 & echo $! > "$1"`, "sh", pidFile)
+	if code := exitOf(t, c); code != 0 {
+		t.Fatalf("lease run = exit %d (%s), want 0", code, out)
+	}
+	data, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leftover, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(leftover) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(leftover, syscall.SIGKILL)
+			t.Fatal("a process the command left behind outlived the lease")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestLeaseRunForwardsSIGTERM(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
