@@ -116,6 +116,8 @@ func TestAuditQueryAndBackupThroughRun(t *testing.T) {
 		{[]string{"--task", "task-2"}, 6},
 		{[]string{"--type", "task_finished"}, 5},
 		{[]string{"--level", "WARN", "--resource", "cam2"}, 5},
+		// A type declared outside the contract's list is a valid filter.
+		{[]string{"--type", "resource_move_refused"}, 0},
 	} {
 		page, code, stderr := queryJSON(t, ready.NATS, append(window, tc.args...)...)
 		if code != exitOK || len(page.Events) != tc.want {
@@ -149,7 +151,7 @@ func TestAuditQueryAndBackupThroughRun(t *testing.T) {
 
 	// Bad input exits 2.
 	for _, args := range [][]string{
-		{"--type", "NO_SUCH_TYPE"}, {"--level", "loud"}, {"--limit", "0"}, {"--since", "yesterday-ish"},
+		{"--type", "not a type"}, {"--level", "loud"}, {"--limit", "0"}, {"--since", "yesterday-ish"},
 		{"--cursor", "%%%"}, {"--since", "2026-11-30", "--until", "2026-11-29"},
 	} {
 		if _, code, stderr := queryJSON(t, ready.NATS, args...); code != exitUsage {
@@ -302,7 +304,7 @@ func TestAuditFlagErrors(t *testing.T) {
 		{"auditd", "--audit-retention", "-3d"},
 		{"run", "--audit-retention", "1x"},
 		{"audit", "tail", "--count", "-1"},
-		{"audit", "tail", "--type", "nope"},
+		{"audit", "tail", "--type", "task.finished"},
 		{"audit", "backup"},
 	} {
 		if code, _, stderr := runInProcess(t, args...); code != exitUsage {
