@@ -139,7 +139,7 @@ func LeaseTTL(ttl time.Duration) (time.Duration, error) {
 // Acquire takes the lease on resource for owner, for ttl (rounded up to
 // whole seconds). If another owner holds it, Acquire returns a
 // *ConflictError (errors.Is(err, ErrConflict)) and changes nothing. If owner
-// already holds it, Acquire renews it.
+// already holds it, Acquire renews it: an owner must name exactly one holder.
 func (l *Leases) Acquire(ctx context.Context, resource, owner string, ttl time.Duration) (wire.Lease, error) {
 	if err := checkID(resource); err != nil {
 		return wire.Lease{}, err
