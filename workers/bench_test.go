@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
@@ -58,7 +59,7 @@ func waitCount(b *testing.B, count *atomic.Int64, n int64) {
 // rawConsume publishes b.N messages and consumes them with a durable pull
 // consumer and explicit acks, doing extra asynchronous publishes per
 // message first: the JetStream ceiling a task pipeline is measured against.
-func rawConsume(b *testing.B, extra int) {
+func rawConsume(b *testing.B, extra int, msgID, kvPut bool) {
 	env := brokertest.Start(b)
 	ctx := context.Background()
 	js, err := jetstream.New(env.NC, jetstream.WithPublishAsyncMaxPending(16384))
@@ -75,7 +76,17 @@ func rawConsume(b *testing.B, extra int) {
 	var count atomic.Int64
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		for i := 0; i < extra; i++ {
-			if _, err := js.PublishAsync(wire.SubjectAuditPrefix+".bench.x", m.Data()); err != nil {
+			em := nats.NewMsg(wire.SubjectAuditPrefix + ".bench.x")
+			em.Data = m.Data()
+			if msgID {
+				em.Header.Set(jetstream.MsgIDHeader, nuid.Next())
+			}
+			if _, err := js.PublishMsgAsync(em); err != nil {
+				b.Error(err)
+			}
+		}
+		if kvPut {
+			if _, err := js.PublishAsync("$KV."+wire.BucketTasks+"."+nuid.Next(), m.Data()); err != nil {
 				b.Error(err)
 			}
 		}
@@ -98,9 +109,14 @@ func rawConsume(b *testing.B, extra int) {
 // TASK_FINISHED observed) with raw JetStream publish and consume in the
 // same run, and shows what extra writes per message cost the raw path.
 func BenchmarkEndToEnd(b *testing.B) {
-	b.Run("raw", func(b *testing.B) { rawConsume(b, 0) })
-	b.Run("raw+1write", func(b *testing.B) { rawConsume(b, 1) })
-	b.Run("raw+4writes", func(b *testing.B) { rawConsume(b, 4) })
+	b.Run("raw", func(b *testing.B) { rawConsume(b, 0, false, false) })
+	b.Run("raw+1write", func(b *testing.B) { rawConsume(b, 1, false, false) })
+	// A task's record: one KV put on a key of its own.
+	b.Run("raw+1kvput", func(b *testing.B) { rawConsume(b, 0, false, true) })
+	b.Run("raw+3writes+1kvput", func(b *testing.B) { rawConsume(b, 3, false, true) })
+	// With a Nats-Msg-Id on each write, which the stream tracks for
+	// deduplication, as internal/audit's Emit does.
+	b.Run("raw+3writes-with-msg-id+1kvput", func(b *testing.B) { rawConsume(b, 3, true, true) })
 	for _, tc := range []struct {
 		name string
 		conc int
@@ -145,4 +161,75 @@ func BenchmarkEndToEnd(b *testing.B) {
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tasks/s")
 		})
 	}
+}
+
+// BenchmarkRatio runs raw JetStream publish+consume and gantry noop tasks in
+// alternating chunks of 2000 on two brokers, so that the noise of a shared
+// machine hits both alike, and reports both rates and their ratio.
+func BenchmarkRatio(b *testing.B) {
+	ctx := context.Background()
+	// Raw: a durable pull consumer acking every message.
+	rawEnv := brokertest.Start(b)
+	cons, err := rawEnv.JS.CreateOrUpdateConsumer(ctx, wire.StreamTasks, jetstream.ConsumerConfig{
+		Durable: "raw", FilterSubject: wire.TaskSubject("raw", ">"), AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1024,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var rawCount atomic.Int64
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		_ = m.Ack()
+		rawCount.Add(1)
+	}, jetstream.PullMaxMessages(256))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Stop()
+	_, rawPub := brokertest.Connect(b, rawEnv.URL)
+
+	// gantry: workers, and a subscriber counting TASK_FINISHED.
+	env := brokertest.Start(b)
+	nc, _ := brokertest.Connect(b, env.URL)
+	w, err := New(Config{Queues: []Queue{{Name: "bench", Concurrency: 1024}}, Logger: env.Log}, nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() {
+		w.Stop()
+		<-done
+		cancel()
+	}()
+	<-w.Ready()
+	var finished atomic.Int64
+	snc, _ := brokertest.Connect(b, env.URL)
+	sub, err := snc.Subscribe(wire.EventTaskFinished.Subject(), func(*nats.Msg) { finished.Add(1) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = sub.SetPendingLimits(-1, -1)
+	_, pub := brokertest.Connect(b, env.URL)
+
+	const chunk = 2000
+	var rawTime, gantryTime time.Duration
+	b.ResetTimer()
+	for left := b.N; left > 0; left -= chunk {
+		n := min(chunk, left)
+		start := time.Now()
+		publishAll(b, rawPub, wire.TaskSubject("raw", "noop"), n)
+		waitCount(b, &rawCount, int64(b.N-left+n))
+		rawTime += time.Since(start)
+		start = time.Now()
+		publishAll(b, pub, wire.TaskSubject("bench", "noop"), n)
+		waitCount(b, &finished, int64(b.N-left+n))
+		gantryTime += time.Since(start)
+	}
+	raw := float64(b.N) / rawTime.Seconds()
+	gantry := float64(b.N) / gantryTime.Seconds()
+	b.ReportMetric(raw, "raw-msgs/s")
+	b.ReportMetric(gantry, "gantry-tasks/s")
+	b.ReportMetric(100*gantry/raw, "%-of-raw")
 }

@@ -310,7 +310,7 @@ func (d *delivery) settle(ctx context.Context, t *Task, err error) {
 		at := d.w.cfg.Clock.Now().Add(wait)
 		d.rec.State = wire.TaskRetryWait
 		d.rec.RetryAt = &at
-		d.write(ctx, true)
+		d.write(ctx)
 		d.w.emitAsync(wire.Event{Type: wire.EventRetryScheduled, Level: wire.LevelWarn, TaskID: d.rec.ID, ResourceID: d.rec.Resource,
 			Message: d.rec.LastError, Payload: audit.Payload(map[string]any{"attempt": d.rec.Attempts, "class": c.String(), "delay": wait.String(), "retry_at": at})})
 		d.nak(wait)
@@ -326,7 +326,7 @@ func (d *delivery) succeed(ctx context.Context, t *Task) {
 	d.rec.State = wire.TaskSucceeded
 	d.rec.LastError = ""
 	d.rec.RetryAt = nil
-	d.write(ctx, true)
+	d.write(ctx)
 	d.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: d.rec.ID, ResourceID: d.rec.Resource, Message: "task succeeded",
 		Payload: audit.Payload(map[string]any{"state": wire.TaskSucceeded, "attempts": d.rec.Attempts})})
 	d.ack()
@@ -344,7 +344,7 @@ func (d *delivery) delay(ctx context.Context, wait time.Duration, state wire.Tas
 	d.rec.RetryAt = &at
 	d.rec.LastError = reason.Error()
 	// The next delivery reads Delays: the write must land before the nak.
-	d.write(ctx, true)
+	d.write(ctx)
 	d.w.emitAsync(wire.Event{Type: wire.EventRetryScheduled, TaskID: d.rec.ID, ResourceID: d.rec.Resource,
 		Message: reason.Error(), Payload: audit.Payload(map[string]any{"attempt": d.rec.Attempts, "class": classDelay.String(),
 			"delay": wait.String(), "retry_at": at, "delays": d.rec.Delays})})
@@ -366,7 +366,7 @@ func (d *delivery) needsReview(ctx context.Context, reason error) {
 func (d *delivery) finishCancelled(ctx context.Context) {
 	d.rec.State = wire.TaskCancelled
 	d.rec.RetryAt = nil
-	d.write(ctx, true)
+	d.write(ctx)
 	d.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: d.rec.ID, ResourceID: d.rec.Resource, Message: "task cancelled",
 		Payload: audit.Payload(map[string]any{"state": wire.TaskCancelled, "attempts": d.rec.Attempts})})
 	d.term("cancelled")
@@ -391,35 +391,29 @@ func (d *delivery) stored() *wire.StoredMessage {
 	return &wire.StoredMessage{Subject: d.msg.Subject(), Header: d.msg.Headers(), Data: d.msg.Data()}
 }
 
-// write stores the record; with wait it returns once the bucket has it.
-func (d *delivery) write(ctx context.Context, wait bool) {
+// write stores the record and returns once the bucket has it.
+func (d *delivery) write(ctx context.Context) {
 	d.mu.Lock()
 	d.final = true
 	d.rec.UpdatedAt = d.w.cfg.Clock.Now()
 	f, err := d.w.tasks.PutAsync(d.rec)
 	d.mu.Unlock()
-	if err != nil {
-		d.w.log.Error("write task state", "task_id", d.rec.ID, "state", d.rec.State, "err", err)
-		return
+	if err == nil {
+		timer := time.NewTimer(ackTimeout)
+		defer timer.Stop()
+		select {
+		case <-f.Ok():
+			return
+		case <-timer.C:
+			err = errors.New("not acknowledged")
+		case err = <-f.Err():
+		}
 	}
-	if !wait {
-		d.w.await(pendingWrite{f: f})
-		return
-	}
-	timer := time.NewTimer(ackTimeout)
-	defer timer.Stop()
-	var err2 error
-	select {
-	case <-f.Ok():
-		return
-	case <-timer.C:
-		err2 = errors.New("not acknowledged")
-	case err2 = <-f.Err():
-	}
+	// The pipelined put failed: once more, waiting.
 	ctx, cancel := context.WithTimeout(ctx, ackTimeout)
 	defer cancel()
-	if _, err := d.w.tasks.Put(ctx, d.rec); err != nil {
-		d.w.log.Error("write task state", "task_id", d.rec.ID, "state", d.rec.State, "err", errors.Join(err2, err))
+	if _, err2 := d.w.tasks.Put(ctx, d.rec); err2 != nil {
+		d.w.log.Error("write task state", "task_id", d.rec.ID, "state", d.rec.State, "err", errors.Join(err, err2))
 	}
 }
 
