@@ -348,3 +348,66 @@ func TestOnceAndCheckpoint(t *testing.T) {
 		t.Errorf("resumed from %q, want upload/file-7", got)
 	}
 }
+
+func TestTypeConcurrency(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var running, most, runs atomic.Int32
+	slow := HandlerFunc(func(ctx context.Context, t *Task) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		runs.Add(1)
+		time.Sleep(50 * time.Millisecond)
+		return nil
+	})
+	cfg := Config{Queues: []Queue{{Name: "lim", Concurrency: 8, Types: map[string]Type{"slow": {Concurrency: 1}}}}}
+	// Two workers share the consumer: the broker's MaxAckPending, not a
+	// worker, holds the type to one task at a time.
+	b.start(t, cfg, map[string]Handler{"slow": slow})
+	b.start(t, cfg, map[string]Handler{"slow": slow})
+	for i := range 4 {
+		b.publish(t, wire.TaskSubject("lim", "slow"), fmt.Sprintf(`{"id":"slow-%d"}`, i))
+	}
+	for i := range 4 {
+		b.waitState(t, fmt.Sprintf("slow-%d", i), wire.TaskSucceeded, 15*time.Second)
+	}
+	if got := most.Load(); got != 1 {
+		t.Errorf("slow tasks at once = %d, want 1", got)
+	}
+	info, err := b.env.JS.Consumer(context.Background(), wire.StreamTasks, "gantry-workers-lim-slow")
+	if err != nil {
+		t.Fatalf("per-type consumer: %v", err)
+	}
+	if got := info.CachedInfo().Config.MaxAckPending; got != 1 {
+		t.Errorf("MaxAckPending = %d, want 1", got)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]Config{
+		"bad queue":     {Queues: []Queue{{Name: "a.b"}}},
+		"twice":         {Queues: []Queue{{Name: "a"}, {Name: "a"}}},
+		"short ack":     {Queues: []Queue{{Name: "a", AckWait: time.Millisecond}}},
+		"bad type":      {Queues: []Queue{{Name: "a", Types: map[string]Type{"x y": {}}}}},
+		"neg type conc": {Queues: []Queue{{Name: "a", Types: map[string]Type{"x": {Concurrency: -1}}}}},
+		"short lease":   {LeaseTTL: time.Millisecond},
+	} {
+		if _, err := cfg.withDefaults(); err == nil {
+			t.Errorf("%s: withDefaults = nil, want an error", name)
+		}
+	}
+	c, err := Config{}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Queues) != 1 || c.Queues[0].Name != "default" || c.Queues[0].Concurrency != 64 || c.Queues[0].AckWait != 30*time.Second ||
+		c.Policy != defaultPolicy || c.MaxPayload != 1<<20 || c.KillGrace != 2*time.Second {
+		t.Errorf("defaults = %+v, want the documented ones", c)
+	}
+	if _, err := New(Config{}, nil); err == nil {
+		t.Error("New without a connection = nil error, want one")
+	}
+}
