@@ -51,6 +51,10 @@ type Config struct {
 	// SIGKILL on timeout or cancel. Defaults to 2 s, so that a stopping
 	// process ends within its 10 s.
 	KillGrace time.Duration
+	// DrainTimeout is how long running tasks may take to finish after Stop
+	// before they are interrupted (exec trees get SIGTERM, then SIGKILL
+	// after KillGrace) and handed back to the broker. Defaults to 5 s.
+	DrainTimeout time.Duration
 	// Routes gives http tasks with a route their transport. Nil makes such
 	// tasks fail permanently.
 	Routes RoutePicker
@@ -167,6 +171,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.StateDelay = cmp.Or(c.StateDelay, 250*time.Millisecond)
 	c.OutputTail = cmp.Or(c.OutputTail, 4096)
 	c.KillGrace = cmp.Or(c.KillGrace, 2*time.Second)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, 5*time.Second)
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{}
 	}

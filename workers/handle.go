@@ -35,6 +35,10 @@ func taskID(t wire.Task, msgID string, ts time.Time, seq uint64) string {
 	return u.String()
 }
 
+// interruptedDelay is when a task interrupted by a stopping worker is
+// delivered again.
+const interruptedDelay = 3 * time.Second
+
 // delivery is one delivery of a task message being handled.
 type delivery struct {
 	w    *Workers
@@ -293,7 +297,10 @@ func (d *delivery) settle(ctx context.Context, t *Task, err error) {
 	case classCancelled:
 		d.finishCancelled(ctx)
 	case classInterrupted:
-		d.delay(ctx, 0, wire.TaskWaiting, err)
+		// Not at once: the stopping worker's pull requests may still be
+		// open on the server, and a message delivered to one of them would
+		// wait out the ack deadline.
+		d.delay(ctx, interruptedDelay, wire.TaskWaiting, err)
 	case classPermanent:
 		d.needsReview(ctx, err)
 	case classDelay:

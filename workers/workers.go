@@ -187,8 +187,9 @@ func (w *Workers) consumerConfig(sp *spec) jetstream.ConsumerConfig {
 }
 
 // Run opens the stores, creates the consumers and runs tasks until Stop
-// (running tasks finish) or ctx ends (running tasks are interrupted and
-// handed back to the broker). It returns nil on a clean stop.
+// (running tasks get Config.DrainTimeout to finish) or ctx ends; tasks
+// still running then are interrupted and handed back to the broker. It
+// returns nil on a clean stop.
 func (w *Workers) Run(ctx context.Context) error {
 	select {
 	case <-w.stop:
@@ -276,8 +277,13 @@ func (w *Workers) Run(ctx context.Context) error {
 		w.inflight.Wait()
 		close(done)
 	}()
+	drain := time.NewTimer(w.cfg.DrainTimeout)
+	defer drain.Stop()
 	select {
 	case <-done:
+	case <-drain.C:
+		w.interruptAll()
+		<-done
 	case <-ctx.Done():
 		w.interruptAll()
 		<-done

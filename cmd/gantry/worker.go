@@ -180,8 +180,8 @@ func (a *app) worker(ctx context.Context, f *workerFlags) error {
 	p.conns = append(p.conns, nc)
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "queues", strings.Join(f.queues, ","))
 
-	// Signals: SIGINT and SIGTERM stop taking tasks; running ones get the
-	// drain time to finish, then are handed back to the broker.
+	// Signals: SIGINT and SIGTERM stop taking tasks; running ones get 5 s
+	// to finish, then are interrupted and handed back to the broker.
 	p.addSignals(ctx)
 
 	// Workers: run the tasks of the queues.
