@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
 )
 
 func TestPlainPublishRuns(t *testing.T) {
@@ -409,5 +410,55 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if _, err := New(Config{}, nil); err == nil {
 		t.Error("New without a connection = nil error, want one")
+	}
+}
+
+func TestStopHandsRunningTaskBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	started := make(chan struct{}, 1)
+	block := HandlerFunc(func(ctx context.Context, t *Task) error {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		return context.Cause(ctx)
+	})
+	nc, _ := brokertest.Connect(t, b.env.URL)
+	w, err := New(Config{DrainTimeout: 200 * time.Millisecond, Logger: b.env.Log}, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Handle("job", block); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+	<-w.Ready()
+	b.publish(t, wire.TaskSubject("", "job"), `{"id":"handed-back"}`)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("task not started")
+	}
+	w.Stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10s of Stop")
+	}
+	rec := b.waitState(t, "handed-back", wire.TaskWaiting, 5*time.Second)
+	if rec.Delays != 1 || !strings.Contains(rec.LastError, "worker stopping") {
+		t.Errorf("record = delays %d, last error %q; want 1, worker stopping", rec.Delays, rec.LastError)
+	}
+	var runs atomic.Int32
+	b.start(t, Config{}, map[string]Handler{"job": counter(&runs, 0, nil)})
+	rec = b.waitState(t, "handed-back", wire.TaskSucceeded, 15*time.Second)
+	if rec.Attempts != 1 || runs.Load() != 1 {
+		t.Errorf("attempts = %d, runs = %d, want 1 and 1", rec.Attempts, runs.Load())
 	}
 }
