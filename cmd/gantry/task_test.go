@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
 )
 
 // taskJSON runs 'gantry task get ID --json' and decodes the record.
@@ -158,5 +159,42 @@ func TestWorkerCommand(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("worker did not stop within 10s of SIGTERM")
+	}
+}
+
+func TestWorkerFlags(t *testing.T) {
+	t.Parallel()
+	f := defaultWorkerFlags()
+	f.queues = []string{"default", "batch=3"}
+	f.typeLimits = []string{"scan=2"}
+	f.typePolicy = []string{"scan:max_attempts=2,backoff_base=3s,timeout=1m", "mail:delay=10s"}
+	cfg, err := f.config(brokertest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Queues) != 2 || cfg.Queues[1].Name != "batch" || cfg.Queues[1].Concurrency != 3 || cfg.Queues[0].Concurrency != 64 {
+		t.Fatalf("queues = %+v, want default (64) and batch (3)", cfg.Queues)
+	}
+	scan := cfg.Queues[0].Types["scan"]
+	if scan.Concurrency != 2 || scan.Policy.MaxAttempts != 2 || scan.Policy.BackoffBase != 3*time.Second || scan.Policy.Timeout != time.Minute {
+		t.Errorf("scan = %+v, want concurrency 2, 2 attempts, base 3s, timeout 1m", scan)
+	}
+	if mail := cfg.Queues[1].Types["mail"]; mail.Concurrency != 0 || mail.Policy.Delay != 10*time.Second {
+		t.Errorf("mail = %+v, want delay 10s", mail)
+	}
+	for _, bad := range []func(*workerFlags){
+		func(f *workerFlags) { f.queues = []string{"a.b"} },
+		func(f *workerFlags) { f.queues = []string{"a=0"} },
+		func(f *workerFlags) { f.typeLimits = []string{"x"} },
+		func(f *workerFlags) { f.typePolicy = []string{"x:retries=3"} },
+		func(f *workerFlags) { f.typePolicy = []string{"x:timeout=soon"} },
+		func(f *workerFlags) { f.typePolicy = []string{"max_attempts=3"} },
+		func(f *workerFlags) { f.ackWait = time.Millisecond },
+	} {
+		f := defaultWorkerFlags()
+		bad(f)
+		if _, err := f.config(brokertest.Logger(t)); exitCode(err) != exitUsage {
+			t.Errorf("config(%+v) = %v, want a usage error", f, err)
+		}
 	}
 }

@@ -24,6 +24,7 @@ type workerFlags struct {
 	queues      []string
 	concurrency int
 	typeLimits  []string
+	typePolicy  []string
 	ackWait     time.Duration
 	maxAttempts int
 	backoffBase time.Duration
@@ -40,6 +41,7 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	fl.StringSliceVar(&f.queues, "queue", []string{wire.DefaultQueue}, "queue to run tasks of, as NAME or NAME=CONCURRENCY (repeatable)")
 	fl.IntVar(&f.concurrency, "concurrency", 64, "tasks of a queue running at once, across all workers (the consumer's MaxAckPending)")
 	fl.StringSliceVar(&f.typeLimits, "type-limit", nil, "TYPE=N: at most N tasks of TYPE at once; a queue with type limits runs only the types listed (repeatable)")
+	fl.StringArrayVar(&f.typePolicy, "type-policy", nil, "TYPE:KEY=VALUE,...: the retry policy of one type, keys max_attempts, backoff_base, backoff_max, delay, timeout (repeatable)")
 	fl.DurationVar(&f.ackWait, "ack-wait", 30*time.Second, "ack deadline: a dead worker's task is redelivered after it; running tasks heartbeat every third of it")
 	fl.IntVar(&f.maxAttempts, "max-attempts", 5, "default attempts of a task before NEEDS_REVIEW (a task's max_attempts wins)")
 	fl.DurationVar(&f.backoffBase, "backoff-base", time.Second, "retry n waits min(base*2^(n-1), max) with ±20% jitter")
@@ -60,6 +62,15 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 			return workers.Config{}, usageError("--type-limit %q: want TYPE=N with N > 0", tl)
 		}
 		types[typ] = workers.Type{Concurrency: v}
+	}
+	for _, tp := range f.typePolicy {
+		typ, pol, err := parseTypePolicy(tp)
+		if err != nil {
+			return workers.Config{}, err
+		}
+		t := types[typ]
+		t.Policy = pol
+		types[typ] = t
 	}
 	var queues []workers.Queue
 	for _, q := range f.queues {
@@ -90,6 +101,49 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 		KillGrace:  f.killGrace,
 		Logger:     log.With("component", "workers"),
 	}, nil
+}
+
+// parseTypePolicy reads TYPE:max_attempts=N,backoff_base=D,... .
+func parseTypePolicy(s string) (string, workers.Policy, error) {
+	var p workers.Policy
+	bad := func(why string) (string, workers.Policy, error) {
+		return "", p, usageError("--type-policy %q: %s (want TYPE:max_attempts=N,backoff_base=D,backoff_max=D,delay=D,timeout=D)", s, why)
+	}
+	typ, rest, ok := strings.Cut(s, ":")
+	if !ok || !wire.ValidToken(typ) || rest == "" {
+		return bad("no TYPE: or no settings")
+	}
+	for _, kv := range strings.Split(rest, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return bad(fmt.Sprintf("%q is not KEY=VALUE", kv))
+		}
+		if k == "max_attempts" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return bad("max_attempts wants a number ≥ 1")
+			}
+			p.MaxAttempts = n
+			continue
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return bad(fmt.Sprintf("%s wants a positive duration", k))
+		}
+		switch k {
+		case "backoff_base":
+			p.BackoffBase = d
+		case "backoff_max":
+			p.BackoffMax = d
+		case "delay":
+			p.Delay = d
+		case "timeout":
+			p.Timeout = d
+		default:
+			return bad(fmt.Sprintf("unknown key %q", k))
+		}
+	}
+	return typ, p, nil
 }
 
 // defaultWorkerFlags are the worker settings of 'gantry run'.
