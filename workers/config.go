@@ -35,7 +35,8 @@ type Config struct {
 	// 1000.
 	MaxDelays int
 	// MaxDeliver is the consumers' MaxDeliver: a backstop for tasks whose
-	// worker dies on every delivery. Defaults to 1000.
+	// worker dies on every delivery. Defaults to 2000, above MaxDelays
+	// plus the usual attempts.
 	MaxDeliver int
 	// KeyTTL is how long a task's key deduplicates. Defaults to 24 hours,
 	// the stream's Nats-Msg-Id window.
@@ -166,7 +167,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.MaxDelays = cmp.Or(c.MaxDelays, 1000)
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, 30*time.Second)
 	c.BusyDelay = cmp.Or(c.BusyDelay, time.Second)
-	c.MaxDeliver = cmp.Or(c.MaxDeliver, 1000)
+	c.MaxDeliver = cmp.Or(c.MaxDeliver, 2000)
 	c.KeyTTL = cmp.Or(c.KeyTTL, 24*time.Hour)
 	c.StateDelay = cmp.Or(c.StateDelay, 250*time.Millisecond)
 	c.OutputTail = cmp.Or(c.OutputTail, 4096)

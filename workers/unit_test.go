@@ -137,3 +137,19 @@ func FuzzDecodeTask(f *testing.F) {
 		}
 	})
 }
+
+func TestTail(t *testing.T) {
+	t.Parallel()
+	tl := newTail(5)
+	_, _ = tl.Write([]byte("abc"))
+	if got := tl.String(); got != "abc" {
+		t.Errorf("tail = %q, want abc", got)
+	}
+	_, _ = tl.Write([]byte("defgh"))
+	if got := tl.String(); got != "…defgh" {
+		t.Errorf("tail = %q, want …defgh", got)
+	}
+	if got := tailString("0123456789", 3); got != "…789" {
+		t.Errorf("tailString = %q, want …789", got)
+	}
+}
