@@ -354,6 +354,7 @@ type pub struct {
 	en  *entry
 	msg *nats.Msg
 	f   jetstream.PubAckFuture
+	ack *jetstream.PubAck
 	err error
 	run wire.JobRun
 }
@@ -410,41 +411,60 @@ func (r *runner) cancelActive(en *entry) {
 	}
 }
 
-// complete waits for the task publishes of a batch, retrying failures
-// (the Nats-Msg-Id makes a retry safe), and records each fire.
-func (r *runner) complete(ctx context.Context, pubs []*pub) {
+// awaitAcks waits for the broker's answer to each task publish of a batch.
+func awaitAcks(ctx context.Context, pubs []*pub) {
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
 	for _, p := range pubs {
-		var ack *jetstream.PubAck
-		err := p.err
-		if err == nil {
-			select {
-			case ack = <-p.f.Ok():
-			case err = <-p.f.Err():
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
+		if p.err != nil {
+			continue
 		}
+		select {
+		case p.ack = <-p.f.Ok():
+		case p.err = <-p.f.Err():
+		case <-timeout.C:
+			p.err = errors.New("no acknowledgement within 10s")
+		case <-ctx.Done():
+			p.err = ctx.Err()
+		}
+	}
+}
+
+// complete waits for the task publishes of a batch and records each fire.
+func (r *runner) complete(ctx context.Context, pubs []*pub) {
+	awaitAcks(ctx, pubs)
+	r.record(ctx, pubs)
+}
+
+// record retries the publishes that failed (the Nats-Msg-Id makes a retry
+// safe), and records each fire: its run and JOB_FIRED; a duplicate (fired
+// before by another leader) is not recorded again.
+func (r *runner) record(ctx context.Context, pubs []*pub) {
+	for _, p := range pubs {
+		ack, err := p.ack, p.err
 		for try := 0; err != nil && try < 3 && ctx.Err() == nil; try++ {
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			ack, err = r.s.js.PublishMsg(cctx, p.msg)
 			cancel()
 		}
 		j := p.en.spec.job
+		id := p.run.TaskID
 		if err != nil {
-			r.s.log.Error("fire", "job", j.Name, "task_id", p.run.TaskID, "err", err)
-			delete(r.active, p.run.TaskID)
-			p.en.state.Active = slices.DeleteFunc(p.en.state.Active, func(a wire.ActiveRun) bool { return a.TaskID == p.run.TaskID })
-			r.emitAsync(wire.Event{Type: wire.EventJobMissed, Level: wire.LevelError, JobID: j.Name, TaskID: p.run.TaskID,
+			r.s.log.Error("fire", "job", j.Name, "task_id", id, "err", err)
+			delete(r.active, id)
+			p.en.state.Active = slices.DeleteFunc(p.en.state.Active, func(a wire.ActiveRun) bool { return a.TaskID == id })
+			r.touch(p.en)
+			r.emitAsync(wire.Event{Type: wire.EventJobMissed, Level: wire.LevelError, JobID: j.Name, TaskID: id,
 				Message: "task could not be published: " + err.Error(),
 				Payload: audit.Payload(map[string]any{"planned": p.run.Planned, "trigger": p.run.Trigger})})
 			continue
 		}
 		if ack.Duplicate {
-			r.s.log.Info("already fired", "job", j.Name, "task_id", p.run.TaskID)
+			r.s.log.Info("already fired", "job", j.Name, "task_id", id)
 			continue
 		}
 		r.putRun(p.run)
-		r.emitAsync(wire.Event{Type: wire.EventJobFired, JobID: j.Name, TaskID: p.run.TaskID,
+		r.emitAsync(wire.Event{Type: wire.EventJobFired, JobID: j.Name, TaskID: id,
 			Message: "job fired",
 			Payload: audit.Payload(map[string]any{
 				"planned": p.run.Planned, "fired": p.run.Fired, "trigger": p.run.Trigger, "term": p.run.Term,

@@ -59,6 +59,7 @@ func TestLeaderKilledFollowerTakesOver(t *testing.T) {
 		st, err := b.st.State(context.Background(), "ha")
 		return err == nil && st.LastPlanned.Equal(t0.Add(3*time.Minute))
 	})
+	b.waitEvents(wire.EventJobFired, 3)
 	anc.Close()
 	killed := time.Now()
 	f, err := b.st.PutStateAsync(wire.JobState{Job: "ha", LastPlanned: t0.Add(time.Minute)})

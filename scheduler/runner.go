@@ -464,10 +464,11 @@ func (r *runner) catchUp(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read jobs stream state: %w", err)
 	}
-	for r.lastRev < info.State.LastSeq {
+	last := info.State.LastSeq
+	for r.lastRev < last {
 		select {
 		case <-cctx.Done():
-			return fmt.Errorf("catch up with jobs (at %d of %d): %w", r.lastRev, info.State.LastSeq, cctx.Err())
+			return fmt.Errorf("catch up with jobs (at %d of %d): %w", r.lastRev, last, cctx.Err())
 		case e, ok := <-r.watch.Updates():
 			if !ok {
 				return errors.New("jobs watcher closed")
