@@ -455,31 +455,39 @@ func (h *dueHeap) Pop() any {
 }
 
 // catchUp applies every change of gantry_jobs written before now, so that
-// no decision is taken on a stale copy: it reads the stream's last
-// sequence and consumes the watcher until it has seen it.
+// no decision is taken on a stale copy: it asks the broker for the first
+// message of the bucket after the last one the watcher delivered (a direct
+// get from that sequence on) and, while there is one, consumes the watcher
+// up to it.
 func (r *runner) catchUp(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	info, err := r.jobsStr.Info(cctx)
-	if err != nil {
-		return fmt.Errorf("read jobs stream state: %w", err)
-	}
-	last := info.State.LastSeq
-	for r.lastRev < last {
-		select {
-		case <-cctx.Done():
-			return fmt.Errorf("catch up with jobs (at %d of %d): %w", r.lastRev, last, cctx.Err())
-		case e, ok := <-r.watch.Updates():
-			if !ok {
-				return errors.New("jobs watcher closed")
-			}
-			if e != nil {
-				r.applyJob(e)
+	for {
+		m, err := r.jobsStr.GetMsg(cctx, r.lastRev+1, jetstream.WithGetMsgSubject(jobsSubjects))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read jobs stream: %w", err)
+		}
+		for r.lastRev < m.Sequence {
+			select {
+			case <-cctx.Done():
+				return fmt.Errorf("catch up with jobs (at %d of %d): %w", r.lastRev, m.Sequence, cctx.Err())
+			case e, ok := <-r.watch.Updates():
+				if !ok {
+					return errors.New("jobs watcher closed")
+				}
+				if e != nil {
+					r.applyJob(e)
+				}
 			}
 		}
 	}
-	return nil
 }
+
+// jobsSubjects matches every message of the jobs bucket's stream.
+const jobsSubjects = "$KV." + wire.BucketJobs + ".>"
 
 // fenced reports whether this scheduler still holds the leader key with its
 // term, reading the key from the broker.
