@@ -2,8 +2,9 @@
 //
 // Jobs live in the gantry_jobs bucket (wire.Job) and every scheduler
 // watches it, so an add, edit, pause or delete takes effect at once; right
-// before each batch of fires the leader reads the bucket's last sequence and
-// applies every change up to it, so it never fires from a stale copy.
+// before each batch of fires the leader asks the broker for any message of
+// the bucket after the last one it has seen and applies every change up to
+// it, so it never fires from a stale copy.
 //
 // Any number of schedulers may run. One leads, through a lease in
 // gantry_scheduler: a key created with a per-key TTL and renewed by
