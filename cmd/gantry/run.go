@@ -4,9 +4,6 @@ import (
 	"context"
 
 	"github.com/spf13/cobra"
-
-	"github.com/gantry-dev/gantry/internal/audit"
-	"github.com/gantry-dev/gantry/kv"
 )
 
 func (a *app) runCommand() *cobra.Command {
@@ -63,15 +60,9 @@ func (a *app) run(ctx context.Context, sf *serverFlags) error {
 	if err != nil {
 		return err
 	}
-	keeper, err := kv.NewKeeper(keeperJS, kv.KeeperConfig{
-		Audit:     audit.NewEmitter(keeperJS, "keeper", nil),
-		Logger:    log.With("component", "kv"),
-		Resources: resourceSpecs(cfg),
-	})
-	if err != nil {
+	if err := p.addKeeper(keeperJS, log, resourceSpecs(cfg)); err != nil {
 		return err
 	}
-	p.addActor("keeper", keeper)
 
 	// healthd: probes the config's egress routes, keeps their health in
 	// gantry_routes and answers 'gantry route probe'.

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
@@ -147,6 +150,15 @@ func TestWorkerCommand(t *testing.T) {
 	if !strings.Contains(rec.Output, "task="+rec.ID) {
 		t.Errorf("output = %q, want task=%s", rec.Output, rec.ID)
 	}
+
+	// The worker runs a keeper: a lease that lapses is recorded even though
+	// no 'gantry run' is there.
+	if code, _, stderr := runInProcess(t, "lease", "acquire", "press-1", "--owner", "op", "--ttl", "1s", "--server", url); code != exitOK {
+		t.Fatalf("lease acquire = exit %d (%s), want 0", code, stderr)
+	}
+	_, js := brokertest.Connect(t, url)
+	waitForEvent(t, js, wire.EventLeaseExpired.Subject(), 15*time.Second)
+
 	if err := w.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
@@ -195,6 +207,27 @@ func TestWorkerFlags(t *testing.T) {
 		bad(f)
 		if _, err := f.config(brokertest.Logger(t)); exitCode(err) != exitUsage {
 			t.Errorf("config(%+v) = %v, want a usage error", f, err)
+		}
+	}
+}
+
+// waitForEvent waits until the audit stream holds an event on subject.
+func waitForEvent(t *testing.T, js jetstream.JetStream, subject string, within time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	s, err := js.Stream(ctx, wire.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := s.GetLastMsgForSubject(ctx, subject); err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no event on %s within %v", subject, within)
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }

@@ -243,5 +243,13 @@ func (a *app) worker(ctx context.Context, f *workerFlags) error {
 		nc.Close()
 		return fmt.Errorf("workers: %w", err)
 	}
+
+	// Keeper: records lease expiries and reclaims resources whose holder is
+	// gone, so a system without 'gantry run' still has one (several are
+	// safe: each expiry is recorded once).
+	if err := p.addKeeper(js, log, nil); err != nil {
+		nc.Close()
+		return fmt.Errorf("keeper: %w", err)
+	}
 	return p.run()
 }
