@@ -22,32 +22,5 @@ other components connect to it with --server.`,
 }
 
 func (a *app) broker(ctx context.Context, sf *serverFlags) error {
-	log, err := a.logger()
-	if err != nil {
-		return err
-	}
-	cfg, err := sf.loadConfig()
-	if err != nil {
-		return err
-	}
-	b, err := sf.startBroker(ctx, cfg, log)
-	if err != nil {
-		return err
-	}
-	defer b.Shutdown()
-	p := newProcess(log)
-	p.attrs = append(p.attrs, "nats", b.ClientURL(), "data_dir", sf.dataDir)
-
-	// Signals: SIGINT and SIGTERM stop the broker cleanly.
-	p.addSignals(ctx)
-
-	// HTTP: /healthz and /readyz.
-	nc, _, err := p.connect(b, "http")
-	if err != nil {
-		return err
-	}
-	if err := p.addHTTP(sf.httpListen, nc); err != nil {
-		return err
-	}
-	return p.run()
+	return a.serve(ctx, sf, nil)
 }

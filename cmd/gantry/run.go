@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/spf13/cobra"
+
+	"github.com/gantry-dev/gantry/broker"
+	"github.com/gantry-dev/gantry/internal/config"
 )
 
 func (a *app) runCommand() *cobra.Command {
@@ -23,88 +27,59 @@ every component runs. SIGINT or SIGTERM drains and stops it.`,
 }
 
 func (a *app) run(ctx context.Context, sf *serverFlags) error {
-	log, err := a.logger()
-	if err != nil {
-		return err
-	}
-	cfg, err := sf.loadConfig()
-	if err != nil {
-		return err
-	}
-	// The broker starts before the group and stops after every actor has
-	// returned, so shutdown never depends on interrupt order.
-	b, err := sf.startBroker(ctx, cfg, log)
-	if err != nil {
-		return err
-	}
-	defer b.Shutdown()
-	p := newProcess(log)
-	p.attrs = append(p.attrs, "nats", b.ClientURL(), "data_dir", sf.dataDir)
+	return a.serve(ctx, sf, func(p *process, b *broker.Broker, cfg *config.File, log *slog.Logger) error {
+		// Keeper: registers the config's resources (an existing one keeps its
+		// state), records lease expiries (LEASE_EXPIRED) and returns resources
+		// whose holder's lease is gone to AVAILABLE (or FAULT, by policy).
+		_, keeperJS, err := p.connect(b, "keeper")
+		if err != nil {
+			return err
+		}
+		if err := p.addKeeper(keeperJS, log, resourceSpecs(cfg)); err != nil {
+			return err
+		}
 
-	// Signals: SIGINT and SIGTERM stop the process cleanly.
-	p.addSignals(ctx)
+		// healthd: probes the config's egress routes, keeps their health in
+		// gantry_routes and answers 'gantry route probe'.
+		hdConn, hdJS, err := p.connect(b, "healthd")
+		if err != nil {
+			return err
+		}
+		hd, err := newHealthd(cfg, log, hdConn, hdJS)
+		if err != nil {
+			return err
+		}
+		p.addActor("healthd", hd)
 
-	// HTTP: /healthz and /readyz.
-	httpConn, _, err := p.connect(b, "http")
-	if err != nil {
-		return err
-	}
-	if err := p.addHTTP(sf.httpListen, httpConn); err != nil {
-		return err
-	}
+		// auditd: every audit event into the Pebble store under <data>/audit,
+		// the gantry-audit query/backup service, retention (--audit-retention).
+		auditConn, _, err := p.connect(b, "auditd")
+		if err != nil {
+			return err
+		}
+		if err := p.addAuditd(auditConn, sf.dataDir, &sf.audit); err != nil {
+			return err
+		}
 
-	// Keeper: registers the config's resources (an existing one keeps its
-	// state), records lease expiries (LEASE_EXPIRED) and returns resources
-	// whose holder's lease is gone to AVAILABLE (or FAULT, by policy).
-	_, keeperJS, err := p.connect(b, "keeper")
-	if err != nil {
-		return err
-	}
-	if err := p.addKeeper(keeperJS, log, resourceSpecs(cfg)); err != nil {
-		return err
-	}
+		// Scheduler: applies the config's jobs, watches gantry_jobs and, while
+		// it leads, fires each job's task (see 'gantry scheduler --help').
+		_, schedJS, err := p.connect(b, "scheduler")
+		if err != nil {
+			return err
+		}
+		if err := p.addScheduler(cfg, log, schedJS); err != nil {
+			return err
+		}
 
-	// healthd: probes the config's egress routes, keeps their health in
-	// gantry_routes and answers 'gantry route probe'.
-	hdConn, hdJS, err := p.connect(b, "healthd")
-	if err != nil {
-		return err
-	}
-	hd, err := newHealthd(cfg, log, hdConn, hdJS)
-	if err != nil {
-		return err
-	}
-	p.addActor("healthd", hd)
-
-	// auditd: every audit event into the Pebble store under <data>/audit,
-	// the gantry-audit query/backup service, retention (--audit-retention).
-	auditConn, _, err := p.connect(b, "auditd")
-	if err != nil {
-		return err
-	}
-	if err := p.addAuditd(auditConn, sf.dataDir, &sf.audit); err != nil {
-		return err
-	}
-
-	// Scheduler: applies the config's jobs, watches gantry_jobs and, while
-	// it leads, fires each job's task (see 'gantry scheduler --help').
-	_, schedJS, err := p.connect(b, "scheduler")
-	if err != nil {
-		return err
-	}
-	if err := p.addScheduler(cfg, log, schedJS); err != nil {
-		return err
-	}
-
-	// Workers: run the tasks of the default queue (see 'gantry worker
-	// --help'); http tasks with a route go out through gantry_routes.
-	workNC, workJS, err := p.connect(b, "workers")
-	if err != nil {
-		return err
-	}
-	if err := p.addWorkers(ctx, defaultWorkerFlags(), log, workNC, workJS); err != nil {
-		return err
-	}
-
-	return p.run()
+		// Workers: run the tasks of the default queue (see 'gantry worker
+		// --help'); http tasks with a route go out through gantry_routes.
+		workNC, workJS, err := p.connect(b, "workers")
+		if err != nil {
+			return err
+		}
+		if err := p.addWorkers(ctx, defaultWorkerFlags(), log, workNC, workJS); err != nil {
+			return err
+		}
+		return nil
+	})
 }

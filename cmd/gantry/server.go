@@ -101,3 +101,47 @@ func (s *serverFlags) startBroker(ctx context.Context, cfg *config.File, log *sl
 	}
 	return b, nil
 }
+
+// components adds a process's components once the broker runs.
+type components func(p *process, b *broker.Broker, cfg *config.File, log *slog.Logger) error
+
+// serve runs a process that embeds the broker: it loads the config, starts
+// the broker, adds the signal handler, HTTP and the components, and runs
+// them until a signal. The broker starts before the group and stops after
+// every actor has returned, so shutdown never depends on interrupt order.
+func (a *app) serve(ctx context.Context, sf *serverFlags, add components) error {
+	log, err := a.logger()
+	if err != nil {
+		return err
+	}
+	cfg, err := sf.loadConfig()
+	if err != nil {
+		return err
+	}
+	b, err := sf.startBroker(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer b.Shutdown()
+	p := newProcess(log)
+	p.attrs = append(p.attrs, "nats", b.ClientURL(), "data_dir", sf.dataDir)
+
+	// Signals: SIGINT and SIGTERM stop the process cleanly.
+	p.addSignals(ctx)
+
+	// HTTP: /healthz and /readyz.
+	httpConn, _, err := p.connect(b, "http")
+	if err != nil {
+		return err
+	}
+	if err := p.addHTTP(sf.httpListen, httpConn); err != nil {
+		return err
+	}
+
+	if add != nil {
+		if err := add(p, b, cfg, log); err != nil {
+			return err
+		}
+	}
+	return p.run()
+}
