@@ -209,3 +209,16 @@ func TestShortDuration(t *testing.T) {
 		}
 	}
 }
+
+func TestSchedulerRefusesBadConfigJob(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	cfg := writeConfig(t, "jobs:\n  - {name: bad, type: noop, every: 1m, overlap: sometimes}\n")
+	code, _, stderr := jobCLI(t, env.URL, "scheduler", "--config", cfg)
+	if code != exitUsage || !strings.Contains(stderr, "overlap") {
+		t.Errorf("scheduler with a bad job = exit %d, stderr %q, want 2 naming overlap", code, stderr)
+	}
+	if got := streamMsgs(t, env.JS, wire.StreamAudit, wire.EventConfigRejected.Subject()); len(got) != 1 {
+		t.Errorf("CONFIG_REJECTED events = %d, want 1", len(got))
+	}
+}

@@ -15,6 +15,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/scheduler"
 )
@@ -153,11 +155,14 @@ func (a *app) scheduler(ctx context.Context, configPath string, sf *schedulerFla
 		return err
 	}
 	cfg, err := (&serverFlags{configPath: configPath}).loadConfig()
-	if err != nil {
-		return err
+	var scfg scheduler.Config
+	if err == nil {
+		scfg, err = sf.config(cfg, log)
 	}
-	scfg, err := sf.config(cfg, log)
 	if err != nil {
+		if errors.Is(err, config.ErrInvalid) {
+			a.rejectSchedulerConfig(ctx, err)
+		}
 		return err
 	}
 	nc, js, err := a.client.connect("gantry-scheduler", nats.MaxReconnects(-1))
@@ -211,4 +216,20 @@ func shortDuration(d time.Duration) string {
 		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
+}
+
+// rejectSchedulerConfig records a config file the scheduler refused as a
+// CONFIG_REJECTED audit event, when the broker can be reached, so the
+// refusal is visible beyond this terminal.
+func (a *app) rejectSchedulerConfig(ctx context.Context, cfgErr error) {
+	nc, js, err := a.client.connect("gantry-scheduler")
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(ctx, a.client.timeout)
+	defer cancel()
+	_ = audit.NewEmitter(js, "scheduler", clock.Real{}).Emit(ctx, wire.Event{
+		Type: wire.EventConfigRejected, Level: wire.LevelError, Message: cfgErr.Error(),
+	})
 }
