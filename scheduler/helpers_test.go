@@ -248,7 +248,7 @@ func (b *bundle) waitEvents(typ wire.EventType, n int) []wire.Event {
 func (b *bundle) finishTask(id string, state wire.TaskState) {
 	b.t.Helper()
 	em := audit.NewEmitter(b.env.JS, "workers", nil)
-	if err := em.Emit(context.Background(), wire.Event{Type: wire.EventTaskFinished, TaskID: id,
+	if err := em.Emit(context.Background(), wire.Event{Type: wire.EventTaskFinished, TaskID: id, Host: "worker-host",
 		Payload: audit.Payload(map[string]any{"state": state, "attempts": 1})}); err != nil {
 		b.t.Fatal(err)
 	}

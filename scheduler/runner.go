@@ -621,6 +621,7 @@ func (r *runner) taskEvent(m jetstream.Msg) {
 		a.run.Started = &t
 		a.run.State = wire.TaskRunning
 		a.run.Attempts = max(a.run.Attempts, p.Attempt, p.Attempts)
+		a.run.RanOn = ev.Host
 		r.putRun(a.run)
 	default:
 		state := p.State
@@ -635,6 +636,9 @@ func (r *runner) taskEvent(m jetstream.Msg) {
 		msg := cmpStr(p.Error, p.LastError)
 		if msg == "" && state != wire.TaskSucceeded {
 			msg = ev.Message
+		}
+		if a.run.RanOn == "" && ev.Type == wire.EventTaskFinished {
+			a.run.RanOn = ev.Host
 		}
 		r.finish(ev.TaskID, state, max(p.Attempts, p.Attempt), msg, ev.Time)
 	}

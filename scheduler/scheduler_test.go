@@ -230,8 +230,8 @@ func TestOverlapForbidAndRunHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(runs) != 2 || runs[0].State != wire.TaskSucceeded || runs[1].State != wire.TaskWaiting || runs[0].Machine == "" || runs[0].Term == 0 {
-		t.Errorf("runs = %+v, want the first SUCCEEDED and the second WAITING, with machine and term", runs)
+	if len(runs) != 2 || runs[0].State != wire.TaskSucceeded || runs[1].State != wire.TaskWaiting || runs[0].Machine == "" || runs[0].Term == 0 || runs[0].RanOn != "worker-host" {
+		t.Errorf("runs = %+v, want the first SUCCEEDED on worker-host and the second WAITING, with machine and term", runs)
 	}
 }
 

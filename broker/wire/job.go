@@ -155,6 +155,8 @@ type JobRun struct {
 	// term.
 	Machine string `json:"machine"`
 	Term    uint64 `json:"term"`
+	// RanOn is the host of the worker that ran the task, from its events.
+	RanOn string `json:"ran_on,omitempty"`
 }
 
 // JobState is what the leading scheduler remembers of a job between fires,

@@ -23,7 +23,7 @@ func TestJobGolden(t *testing.T) {
 		"job_run": JobRun{
 			Job: "poll-plc", TaskID: "poll-plc-1796008320", Planned: t0, Fired: t0.Add(time.Millisecond),
 			Trigger: TriggerSchedule, Started: &started, Finished: &finished, State: TaskSucceeded,
-			Attempts: 1, Machine: "plant-pc-1", Term: 3,
+			Attempts: 1, Machine: "plant-pc-1", Term: 3, RanOn: "plant-pc-2",
 		},
 		"job_state": JobState{
 			Job: "poll-plc", LastPlanned: t0, LastFired: &t0, Active: []ActiveRun{{TaskID: "poll-plc-1796008320", Planned: t0}},

@@ -462,7 +462,7 @@ func (a *app) jobRunsCommand() *cobra.Command {
 	var limit int
 	cmd := &cobra.Command{
 		Use:   "runs NAME",
-		Short: "Show a job's latest runs: planned, fired, started, finished, state, attempts, machine",
+		Short: "Show a job's latest runs: planned, started, finished, state, attempts, error, machines",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -489,9 +489,9 @@ func (a *app) jobRunsCommand() *cobra.Command {
 			rows := make([][]string, 0, len(runs))
 			for _, r := range runs {
 				rows = append(rows, []string{jobWhen(r.Planned), r.TaskID, r.Trigger, string(r.State),
-					jobWhenp(r.Started), jobWhenp(r.Finished), strconv.Itoa(r.Attempts), r.Machine, r.Error})
+					jobWhenp(r.Started), jobWhenp(r.Finished), strconv.Itoa(r.Attempts), r.Machine, cmp.Or(r.RanOn, "-"), r.Error})
 			}
-			return a.printTable([]string{"PLANNED", "TASK", "TRIGGER", "STATE", "STARTED", "FINISHED", "ATTEMPTS", "MACHINE", "ERROR"}, rows)
+			return a.printTable([]string{"PLANNED", "TASK", "TRIGGER", "STATE", "STARTED", "FINISHED", "ATTEMPTS", "FIRED BY", "RAN ON", "ERROR"}, rows)
 		},
 	}
 	cmd.Flags().IntVar(&limit, "limit", 20, "show the latest N runs (0: all kept)")
