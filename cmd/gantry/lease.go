@@ -62,6 +62,34 @@ func (a *app) leaseStores() (r *kv.Resources, done func(), err error) {
 	return r, func() { flushAndClose(r, nc) }, nil
 }
 
+// withStores runs fn on the resource store (and through it the lease
+// store), then flushes the audit events and closes the connection. fn's
+// error maps to the contract's exit codes.
+func (a *app) withStores(fn func(*kv.Resources) error) error {
+	r, done, err := a.leaseStores()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return leaseExit(fn(r))
+}
+
+// withHeldLease runs fn on owner's current lease on resource. A lease held
+// by another owner is never handed to fn: exit 3 naming the holder; no
+// lease on resource: exit 4.
+func (a *app) withHeldLease(ctx context.Context, resource, owner string, fn func(*kv.Resources, wire.Lease) error) error {
+	if owner == "" {
+		return usageError("--owner is required")
+	}
+	return a.withStores(func(r *kv.Resources) error {
+		cur, err := heldBy(ctx, r.Leases(), resource, owner)
+		if err != nil {
+			return err
+		}
+		return fn(r, cur)
+	})
+}
+
 func flushAndClose(r *kv.Resources, nc *nats.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -116,16 +144,13 @@ holds it, the lease is renewed.`,
 			if owner == "" {
 				return usageError("--owner is required")
 			}
-			r, done, err := a.leaseStores()
-			if err != nil {
-				return err
-			}
-			defer done()
-			rh, err := r.Lease(cmd.Context(), args[0], owner, ttl)
-			if err != nil {
-				return leaseExit(err)
-			}
-			return a.printLease(rh.Detach())
+			return a.withStores(func(r *kv.Resources) error {
+				rh, err := r.Lease(cmd.Context(), args[0], owner, ttl)
+				if err != nil {
+					return err
+				}
+				return a.printLease(rh.Detach())
+			})
 		},
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "who holds the lease (required)")
@@ -160,23 +185,13 @@ the one it was taken with). A lease held by another owner is never renewed:
 exit 3 naming the holder. No lease on RES (it lapsed or was released): exit 4.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if owner == "" {
-				return usageError("--owner is required")
-			}
-			r, done, err := a.leaseStores()
-			if err != nil {
-				return err
-			}
-			defer done()
-			cur, err := heldBy(cmd.Context(), r.Leases(), args[0], owner)
-			if err != nil {
-				return leaseExit(err)
-			}
-			renewed, err := r.Leases().Renew(cmd.Context(), cur, ttl)
-			if err != nil {
-				return leaseExit(err)
-			}
-			return a.printLease(renewed)
+			return a.withHeldLease(cmd.Context(), args[0], owner, func(r *kv.Resources, cur wire.Lease) error {
+				renewed, err := r.Leases().Renew(cmd.Context(), cur, ttl)
+				if err != nil {
+					return err
+				}
+				return a.printLease(renewed)
+			})
 		},
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "who holds the lease (required)")
@@ -194,19 +209,9 @@ AVAILABLE. A lease held by another owner is never released: exit 3 naming the
 holder. No lease on RES: exit 4.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if owner == "" {
-				return usageError("--owner is required")
-			}
-			r, done, err := a.leaseStores()
-			if err != nil {
-				return err
-			}
-			defer done()
-			cur, err := heldBy(cmd.Context(), r.Leases(), args[0], owner)
-			if err != nil {
-				return leaseExit(err)
-			}
-			return leaseExit(r.Release(cmd.Context(), cur, kv.Outcome{}))
+			return a.withHeldLease(cmd.Context(), args[0], owner, func(r *kv.Resources, cur wire.Lease) error {
+				return r.Release(cmd.Context(), cur, kv.Outcome{})
+			})
 		},
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "who holds the lease (required)")
@@ -221,19 +226,16 @@ func (a *app) leaseLsCommand() *cobra.Command {
 resource, owner, expires_at and revision.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, done, err := a.leaseStores()
-			if err != nil {
-				return err
-			}
-			defer done()
-			ls, err := r.Leases().List(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if a.json {
-				return a.printJSON(ls)
-			}
-			return a.printLeases(ls)
+			return a.withStores(func(r *kv.Resources) error {
+				ls, err := r.Leases().List(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if a.json {
+					return a.printJSON(ls)
+				}
+				return a.printLeases(ls)
+			})
 		},
 	}
 }

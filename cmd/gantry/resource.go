@@ -87,6 +87,18 @@ func dash(s string) string {
 	return s
 }
 
+// resourceOp runs op on the resource store and prints the resource it
+// returns; its error maps to the contract's exit codes.
+func (a *app) resourceOp(op func(*kv.Resources) (kv.Resource, error)) error {
+	return a.withStores(func(r *kv.Resources) error {
+		res, err := op(r)
+		if err != nil {
+			return err
+		}
+		return a.printResource(res)
+	})
+}
+
 func (a *app) resourceAddCommand() *cobra.Command {
 	var route, reclaim string
 	cmd := &cobra.Command{
@@ -102,16 +114,9 @@ available (default) or fault (for an operator to check first).`,
 			if err != nil {
 				return usageError("%v", err)
 			}
-			r, done, err := a.leaseStores()
-			if err != nil {
-				return err
-			}
-			defer done()
-			res, err := r.Add(cmd.Context(), kv.ResourceSpec{ID: args[0], Route: route, Reclaim: policy})
-			if err != nil {
-				return leaseExit(err)
-			}
-			return a.printResource(res)
+			return a.resourceOp(func(r *kv.Resources) (kv.Resource, error) {
+				return r.Add(cmd.Context(), kv.ResourceSpec{ID: args[0], Route: route, Reclaim: policy})
+			})
 		},
 	}
 	cmd.Flags().StringVar(&route, "route", "", "egress route the resource goes out through")
@@ -127,16 +132,13 @@ func (a *app) resourceLsCommand() *cobra.Command {
 state, lease_owner, lease_until, route_id, last_error, updated_at and reclaim.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, done, err := a.leaseStores()
-			if err != nil {
-				return err
-			}
-			defer done()
-			rs, err := r.List(cmd.Context())
-			if err != nil {
-				return err
-			}
-			return a.printResources(rs)
+			return a.withStores(func(r *kv.Resources) error {
+				rs, err := r.List(cmd.Context())
+				if err != nil {
+					return err
+				}
+				return a.printResources(rs)
+			})
 		},
 	}
 }
@@ -147,16 +149,9 @@ func (a *app) resourceGetCommand() *cobra.Command {
 		Short: "Show one resource (exit 4 if unknown)",
 		Args:  exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			r, done, err := a.leaseStores()
-			if err != nil {
-				return err
-			}
-			defer done()
-			res, err := r.Get(cmd.Context(), args[0])
-			if err != nil {
-				return leaseExit(err)
-			}
-			return a.printResource(res)
+			return a.resourceOp(func(r *kv.Resources) (kv.Resource, error) {
+				return r.Get(cmd.Context(), args[0])
+			})
 		},
 	}
 }
@@ -180,16 +175,9 @@ itself to its holder.`,
 			if reason == "" {
 				return usageError("--reason is required")
 			}
-			r, done, err := a.leaseStores()
-			if err != nil {
-				return err
-			}
-			defer done()
-			res, err := r.SetState(cmd.Context(), args[0], to, reason)
-			if err != nil {
-				return leaseExit(err)
-			}
-			return a.printResource(res)
+			return a.resourceOp(func(r *kv.Resources) (kv.Resource, error) {
+				return r.SetState(cmd.Context(), args[0], to, reason)
+			})
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (required; goes into the audit event)")
@@ -205,16 +193,9 @@ func (a *app) resourceDisableCommand() *cobra.Command {
 on it keeps its lease until it finishes; the resource then stays DISABLED.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			r, done, err := a.leaseStores()
-			if err != nil {
-				return err
-			}
-			defer done()
-			res, err := r.Disable(cmd.Context(), args[0], reason)
-			if err != nil {
-				return leaseExit(err)
-			}
-			return a.printResource(res)
+			return a.resourceOp(func(r *kv.Resources) (kv.Resource, error) {
+				return r.Disable(cmd.Context(), args[0], reason)
+			})
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (goes into the audit event)")
@@ -228,16 +209,9 @@ func (a *app) resourceEnableCommand() *cobra.Command {
 		Short: "Return a DISABLED or FAULT resource to AVAILABLE",
 		Args:  exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			r, done, err := a.leaseStores()
-			if err != nil {
-				return err
-			}
-			defer done()
-			res, err := r.Enable(cmd.Context(), args[0], reason)
-			if err != nil {
-				return leaseExit(err)
-			}
-			return a.printResource(res)
+			return a.resourceOp(func(r *kv.Resources) (kv.Resource, error) {
+				return r.Enable(cmd.Context(), args[0], reason)
+			})
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (goes into the audit event)")
