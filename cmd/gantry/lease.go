@@ -49,17 +49,23 @@ lease.`,
 
 // leaseStores connects and returns the resource store (and through it the
 // lease store). done flushes the audit events and closes the connection.
+// The stores log to stderr, so that an audit event they could not publish
+// is not lost silently.
 func (a *app) leaseStores() (r *kv.Resources, done func(), err error) {
+	log, err := a.logger()
+	if err != nil {
+		return nil, nil, err
+	}
 	nc, js, err := a.client.connect("gantry-lease")
 	if err != nil {
 		return nil, nil, err
 	}
-	r, err = kv.NewResources(js, kv.ResourcesConfig{Audit: audit.NewEmitter(js, "cli", clock.Real{})})
+	r, err = kv.NewResources(js, kv.ResourcesConfig{Audit: audit.NewEmitter(js, "cli", clock.Real{}), Logger: log})
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
 	}
-	return r, func() { flushAndClose(r, nc) }, nil
+	return r, func() { a.flushAndClose(r, nc) }, nil
 }
 
 // withStores runs fn on the resource store (and through it the lease
@@ -90,10 +96,15 @@ func (a *app) withHeldLease(ctx context.Context, resource, owner string, fn func
 	})
 }
 
-func flushAndClose(r *kv.Resources, nc *nats.Conn) {
+// flushAndClose waits for the audit events of the command, then closes the
+// connection. The command's own outcome stands; an event that may be
+// missing from the audit trail is reported on stderr.
+func (a *app) flushAndClose(r *kv.Resources, nc *nats.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_ = r.Flush(ctx)
+	if err := r.Flush(ctx); err != nil {
+		fmt.Fprintf(a.stderr, "gantry: audit events of this command not confirmed stored (check 'gantry audit query'): %v\n", err)
+	}
 	nc.Close()
 }
 
