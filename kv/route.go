@@ -5,7 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -65,29 +66,18 @@ func (s *RouteStore) Put(ctx context.Context, r wire.Route) (uint64, error) {
 // List returns every route, sorted by id. It reads the bucket in one pass
 // (a watch up to its current end) rather than one request per key.
 func (s *RouteStore) List(ctx context.Context) ([]wire.Route, error) {
-	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	entries, err := listEntries(ctx, s.kv)
 	if err != nil {
 		return nil, fmt.Errorf("list routes: %w", err)
 	}
-	defer func() { _ = w.Stop() }()
-	var out []wire.Route
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("list routes: %w", ctx.Err())
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("list routes: watch closed")
-			}
-			if e == nil {
-				sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-				return out, nil
-			}
-			var r wire.Route
-			if err := json.Unmarshal(e.Value(), &r); err != nil {
-				return nil, fmt.Errorf("decode route %q: %w", e.Key(), err)
-			}
-			out = append(out, r)
+	out := make([]wire.Route, 0, len(entries))
+	for _, e := range entries {
+		var r wire.Route
+		if err := json.Unmarshal(e.Value(), &r); err != nil {
+			return nil, fmt.Errorf("decode route %q: %w", e.Key(), err)
 		}
+		out = append(out, r)
 	}
+	slices.SortFunc(out, func(a, b wire.Route) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
 }
