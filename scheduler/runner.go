@@ -360,8 +360,12 @@ func (r *runner) misfire(en *entry, missed []time.Time, more int) {
 			Payload: audit.Payload(map[string]any{"planned": p, "policy": j.Misfire})})
 	}
 	if extra := len(skipped) - maxMissedEvents + more; extra > 0 {
+		msg := fmt.Sprintf("%d more planned fires missed", extra)
+		if more > 0 {
+			msg = fmt.Sprintf("at least %d more planned fires missed", extra)
+		}
 		r.emitAsync(wire.Event{Type: wire.EventJobMissed, Level: wire.LevelWarn, JobID: j.Name,
-			Message: fmt.Sprintf("%d more planned fires missed", extra),
+			Message: msg,
 			Payload: audit.Payload(map[string]any{"count": extra, "policy": j.Misfire})})
 	}
 	for _, p := range fire {

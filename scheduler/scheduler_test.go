@@ -441,3 +441,28 @@ func TestReconcileFromTaskBucket(t *testing.T) {
 		return err == nil && r.State == wire.TaskNeedsReview && r.Attempts == 3 && r.Error == "exit status 2"
 	})
 }
+
+func TestMisfireSummary(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	j, _ := Normalize(wire.Job{Name: "long", Type: "noop", Every: "1m", Misfire: wire.MisfireSkip})
+	j.CreatedAt, j.UpdatedAt = t0.Add(-24*time.Hour), t0.Add(-24*time.Hour)
+	if _, err := b.jobs.Create(context.Background(), j); err != nil {
+		t.Fatal(err)
+	}
+	f, err := b.st.PutStateAsync(wire.JobState{Job: "long", LastPlanned: t0.Add(-200 * time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-f.Ok()
+	b.start(Config{}, true)
+	// 199 missed (t0-199m .. t0-1m): 100 events, then one summary.
+	ev := b.waitEvents(wire.EventJobMissed, maxMissedEvents+1)
+	last := ev[len(ev)-1]
+	if len(ev) != maxMissedEvents+1 || payloadField(last, "count") != float64(99) {
+		t.Errorf("JOB_MISSED = %d, last %q %s, want %d with a summary counting 99", len(ev), last.Message, last.Payload, maxMissedEvents+1)
+	}
+	if got := b.waitTasks(1); !got[0].planned.Equal(t0) {
+		t.Errorf("task planned %s, want only the on-time %s", got[0].planned, t0)
+	}
+}
