@@ -396,8 +396,7 @@ func (w *Workers) emitAsync(ev wire.Event) {
 		w.log.Error("encode audit event", "type", ev.Type, "task_id", ev.TaskID, "err", err)
 		return
 	}
-	m := nats.NewMsg(ev.Type.Subject())
-	m.Data = data
+	m := &nats.Msg{Subject: ev.Type.Subject(), Data: data}
 	f, err := w.js.PublishMsgAsync(m)
 	if err != nil {
 		m.Header = nats.Header{jetstream.MsgIDHeader: []string{ev.ID}}
@@ -440,17 +439,20 @@ func (w *Workers) republish(m *nats.Msg, cause error) {
 // publish (a closed connection never answers).
 const ackTimeout = 10 * time.Second
 
-// checkWrites waits for the acknowledgements of asynchronous publishes.
+// checkWrites waits for the acknowledgements of asynchronous publishes,
+// with one timer for all of them.
 func (w *Workers) checkWrites() {
+	timer := time.NewTimer(ackTimeout)
+	defer timer.Stop()
 	for {
 		select {
 		case p := <-w.pending:
-			w.checkOne(p)
+			w.check(p, timer)
 		case <-w.quit:
 			for {
 				select {
 				case p := <-w.pending:
-					w.checkOne(p)
+					w.check(p, timer)
 				default:
 					return
 				}
@@ -459,9 +461,17 @@ func (w *Workers) checkWrites() {
 	}
 }
 
+// checkOne waits for the acknowledgement of p.
 func (w *Workers) checkOne(p pendingWrite) {
 	timer := time.NewTimer(ackTimeout)
 	defer timer.Stop()
+	w.check(p, timer)
+}
+
+// check waits for the acknowledgement of p, at most ackTimeout; timer is
+// reset for the wait.
+func (w *Workers) check(p pendingWrite, timer *time.Timer) {
+	timer.Reset(ackTimeout)
 	select {
 	case <-p.f.Ok():
 	case <-timer.C:
@@ -554,5 +564,5 @@ func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord) {
 	w.emitAsync(wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource,
 		Message: rec.LastError, Payload: audit.Payload(map[string]any{"attempts": rec.Attempts, "queue": rec.Queue, "type": rec.Type})})
 	w.emitAsync(wire.Event{Type: wire.EventTaskFinished, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource,
-		Message: "task needs review", Payload: audit.Payload(map[string]any{"state": rec.State, "attempts": rec.Attempts})})
+		Message: "task needs review", Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, State: rec.State})})
 }
