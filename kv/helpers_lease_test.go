@@ -24,6 +24,21 @@ func newResources(t *testing.T, env *brokertest.Env) *kv.Resources {
 	return r
 }
 
+// setupResources starts a broker and returns it with a resource store on
+// it, where specs are registered, and a context that ends with the test.
+func setupResources(t *testing.T, specs ...kv.ResourceSpec) (*brokertest.Env, *kv.Resources, context.Context) {
+	t.Helper()
+	env := brokertest.Start(t)
+	r := newResources(t, env)
+	ctx := leaseCtx(t)
+	for _, spec := range specs {
+		if _, err := r.Add(ctx, spec); err != nil {
+			t.Fatalf("add resource %s: %v", spec.ID, err)
+		}
+	}
+	return env, r, ctx
+}
+
 // auditEvents returns every stored audit event of type typ about resource.
 func auditEvents(t *testing.T, env *brokertest.Env, typ wire.EventType, resource string) []wire.Event {
 	t.Helper()

@@ -47,12 +47,7 @@ func startKeeper(t *testing.T, env *brokertest.Env, cfg kv.KeeperConfig) *kv.Kee
 
 func TestKeeperRegistersKeepingState(t *testing.T) {
 	t.Parallel()
-	env := brokertest.Start(t)
-	r := newResources(t, env)
-	ctx := leaseCtx(t)
-	if _, err := r.Add(ctx, kv.ResourceSpec{ID: "cam1"}); err != nil {
-		t.Fatal(err)
-	}
+	env, r, ctx := setupResources(t, kv.ResourceSpec{ID: "cam1"})
 	if _, err := r.Disable(ctx, "cam1", "maintenance"); err != nil {
 		t.Fatal(err)
 	}
@@ -86,9 +81,7 @@ func TestKeeperStopBeforeRun(t *testing.T) {
 
 func TestCooldownThenAvailable(t *testing.T) {
 	t.Parallel()
-	env := brokertest.Start(t)
-	r := newResources(t, env)
-	ctx := leaseCtx(t)
+	env, r, ctx := setupResources(t)
 	startKeeper(t, env, kv.KeeperConfig{Resources: []kv.ResourceSpec{{ID: "cam1"}}})
 	rh, err := r.Lease(ctx, "cam1", "w1", 5*time.Second)
 	if err != nil {
@@ -158,14 +151,7 @@ func TestLeaseExpiredRecordedOnce(t *testing.T) {
 
 func TestReclaimAfterRestart(t *testing.T) {
 	t.Parallel()
-	env := brokertest.Start(t)
-	r := newResources(t, env)
-	ctx := leaseCtx(t)
-	for _, spec := range []kv.ResourceSpec{{ID: "idle"}, {ID: "cam1"}, {ID: "cam2", Reclaim: kv.ReclaimFault}} {
-		if _, err := r.Add(ctx, spec); err != nil {
-			t.Fatal(err)
-		}
-	}
+	env, r, ctx := setupResources(t, kv.ResourceSpec{ID: "idle"}, kv.ResourceSpec{ID: "cam1"}, kv.ResourceSpec{ID: "cam2", Reclaim: kv.ReclaimFault})
 	// Three holders crash (their renewals stop): cam1 LEASED, cam2 RUNNING
 	// with the fault policy, idle never leased.
 	crash, crashed := context.WithCancel(ctx)
@@ -208,12 +194,7 @@ func TestReclaimAfterRestart(t *testing.T) {
 
 func TestLeaseReclaimsStaleHolder(t *testing.T) {
 	t.Parallel()
-	env := brokertest.Start(t)
-	r := newResources(t, env)
-	ctx := leaseCtx(t)
-	if _, err := r.Add(ctx, kv.ResourceSpec{ID: "cam1"}); err != nil {
-		t.Fatal(err)
-	}
+	_, r, ctx := setupResources(t, kv.ResourceSpec{ID: "cam1"})
 	crash, crashed := context.WithCancel(ctx)
 	rh, err := r.Lease(crash, "cam1", "w1", time.Second)
 	if err != nil {
@@ -250,9 +231,7 @@ func TestLeaseReclaimsStaleHolder(t *testing.T) {
 
 func TestKeeperPeriodicScan(t *testing.T) {
 	t.Parallel()
-	env := brokertest.Start(t)
-	r := newResources(t, env)
-	ctx := leaseCtx(t)
+	env, r, ctx := setupResources(t)
 	clk := clock.NewFake(time.Now())
 	startKeeper(t, env, kv.KeeperConfig{Resources: []kv.ResourceSpec{{ID: "cam1"}}, Clock: clk, ScanInterval: time.Hour})
 	// A resource left LEASED by a ghost, written behind every lease's back:

@@ -6,18 +6,12 @@ import (
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
-	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/kv"
 )
 
 func TestResourceLifecycle(t *testing.T) {
 	t.Parallel()
-	env := brokertest.Start(t)
-	r := newResources(t, env)
-	ctx := leaseCtx(t)
-	if _, err := r.Add(ctx, kv.ResourceSpec{ID: "cam1", Route: "office"}); err != nil {
-		t.Fatal(err)
-	}
+	env, r, ctx := setupResources(t, kv.ResourceSpec{ID: "cam1", Route: "office"})
 	rh, err := r.Lease(ctx, "cam1", "w1", 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -76,12 +70,7 @@ func TestResourceLifecycle(t *testing.T) {
 
 func TestResourceFault(t *testing.T) {
 	t.Parallel()
-	env := brokertest.Start(t)
-	r := newResources(t, env)
-	ctx := leaseCtx(t)
-	if _, err := r.Add(ctx, kv.ResourceSpec{ID: "cam1"}); err != nil {
-		t.Fatal(err)
-	}
+	_, r, ctx := setupResources(t, kv.ResourceSpec{ID: "cam1"})
 	rh, err := r.Lease(ctx, "cam1", "w1", 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -112,12 +101,7 @@ func TestResourceFault(t *testing.T) {
 
 func TestDisabledCannotBeLeased(t *testing.T) {
 	t.Parallel()
-	env := brokertest.Start(t)
-	r := newResources(t, env)
-	ctx := leaseCtx(t)
-	if _, err := r.Add(ctx, kv.ResourceSpec{ID: "cam1"}); err != nil {
-		t.Fatal(err)
-	}
+	_, r, ctx := setupResources(t, kv.ResourceSpec{ID: "cam1"})
 	if _, err := r.Disable(ctx, "cam1", "maintenance"); err != nil {
 		t.Fatal(err)
 	}
@@ -151,12 +135,7 @@ func TestDisabledCannotBeLeased(t *testing.T) {
 
 func TestIllegalMoves(t *testing.T) {
 	t.Parallel()
-	env := brokertest.Start(t)
-	r := newResources(t, env)
-	ctx := leaseCtx(t)
-	if _, err := r.Add(ctx, kv.ResourceSpec{ID: "cam1"}); err != nil {
-		t.Fatal(err)
-	}
+	env, r, ctx := setupResources(t, kv.ResourceSpec{ID: "cam1"})
 	for _, to := range []wire.ResourceState{wire.ResourceLeased, wire.ResourceRunning, wire.ResourceCooldown, wire.ResourceFault} {
 		before := resourceOf(t, r, "cam1")
 		_, err := r.SetState(ctx, "cam1", to, "test")
@@ -204,12 +183,7 @@ func TestIllegalMoves(t *testing.T) {
 
 func TestAddIsIdempotent(t *testing.T) {
 	t.Parallel()
-	env := brokertest.Start(t)
-	r := newResources(t, env)
-	ctx := leaseCtx(t)
-	if _, err := r.Add(ctx, kv.ResourceSpec{ID: "cam1"}); err != nil {
-		t.Fatal(err)
-	}
+	_, r, ctx := setupResources(t, kv.ResourceSpec{ID: "cam1"})
 	if _, err := r.Disable(ctx, "cam1", "broken"); err != nil {
 		t.Fatal(err)
 	}
@@ -231,9 +205,7 @@ func TestAddIsIdempotent(t *testing.T) {
 
 func TestUnregisteredIsPlainLease(t *testing.T) {
 	t.Parallel()
-	env := brokertest.Start(t)
-	r := newResources(t, env)
-	ctx := leaseCtx(t)
+	_, r, ctx := setupResources(t)
 	rh, err := r.Lease(ctx, "scratch", "w1", 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -257,12 +229,7 @@ func TestUnregisteredIsPlainLease(t *testing.T) {
 
 func TestDetachThenRelease(t *testing.T) {
 	t.Parallel()
-	env := brokertest.Start(t)
-	r := newResources(t, env)
-	ctx := leaseCtx(t)
-	if _, err := r.Add(ctx, kv.ResourceSpec{ID: "cam1"}); err != nil {
-		t.Fatal(err)
-	}
+	_, r, ctx := setupResources(t, kv.ResourceSpec{ID: "cam1"})
 	rh, err := r.Lease(ctx, "cam1", "w1", 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
