@@ -50,6 +50,17 @@ func runClients[T any](b *testing.B, clients int, setup func(c int) T, op func(c
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ops/s")
 }
 
+// leasesBucket connects to url and returns the raw leases bucket.
+func leasesBucket(b *testing.B, url string) jetstream.KeyValue {
+	b.Helper()
+	_, js := brokertest.Connect(b, url)
+	bucket, err := js.KeyValue(context.Background(), wire.BucketLeases)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return bucket
+}
+
 // BenchmarkLease measures acquire+release cycles against raw KV puts on the
 // same broker in the same run.
 func BenchmarkLease(b *testing.B) {
@@ -57,27 +68,13 @@ func BenchmarkLease(b *testing.B) {
 	value := []byte(`{"resource":"r","owner":"o","expires_at":"2026-11-30T00:00:00Z","ttl":"30s"}`)
 	for _, clients := range []int{1, 8} {
 		b.Run(fmt.Sprintf("raw_kv_put/clients=%d", clients), func(b *testing.B) {
-			runClients(b, clients, func(int) jetstream.KeyValue {
-				_, js := brokertest.Connect(b, env.URL)
-				bucket, err := js.KeyValue(context.Background(), wire.BucketLeases)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return bucket
-			}, func(ctx context.Context, bucket jetstream.KeyValue, c, _ int) error {
+			runClients(b, clients, func(int) jetstream.KeyValue { return leasesBucket(b, env.URL) }, func(ctx context.Context, bucket jetstream.KeyValue, c, _ int) error {
 				_, err := bucket.Put(ctx, fmt.Sprintf("raw-%d", c), value)
 				return err
 			}, func(context.Context, jetstream.KeyValue) error { return nil })
 		})
 		b.Run(fmt.Sprintf("raw_kv_create_ttl_delete/clients=%d", clients), func(b *testing.B) {
-			runClients(b, clients, func(int) jetstream.KeyValue {
-				_, js := brokertest.Connect(b, env.URL)
-				bucket, err := js.KeyValue(context.Background(), wire.BucketLeases)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return bucket
-			}, func(ctx context.Context, bucket jetstream.KeyValue, c, _ int) error {
+			runClients(b, clients, func(int) jetstream.KeyValue { return leasesBucket(b, env.URL) }, func(ctx context.Context, bucket jetstream.KeyValue, c, _ int) error {
 				key := fmt.Sprintf("rawcd-%d", c)
 				rev, err := bucket.Create(ctx, key, value, jetstream.KeyTTL(30*time.Second))
 				if err != nil {
