@@ -400,8 +400,12 @@ func (p *queryPlan) event(it, events *pebble.Iterator, suffix []byte) ([]byte, b
 	return raw, err == nil, err
 }
 
-func (p *queryPlan) match(ev *wire.Event) bool {
-	q := &p.q
+func (p *queryPlan) match(ev *wire.Event) bool { return Matches(&p.q, ev) }
+
+// Matches reports whether ev passes every filter of q (its task, resource,
+// route, job, type and level; not its time range), as a query answers it.
+// A live tail filters with it the same way.
+func Matches(q *wire.AuditQuery, ev *wire.Event) bool {
 	return (q.TaskID == "" || ev.TaskID == q.TaskID) &&
 		(q.ResourceID == "" || ev.ResourceID == q.ResourceID) &&
 		(q.RouteID == "" || ev.RouteID == q.RouteID) &&

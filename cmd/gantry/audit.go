@@ -85,17 +85,6 @@ func validEventType(t wire.EventType) bool {
 	return t != ""
 }
 
-// matchEvent reports whether ev passes q's filters (tail filters
-// client-side).
-func matchEvent(q wire.AuditQuery, ev *wire.Event) bool {
-	return (q.TaskID == "" || ev.TaskID == q.TaskID) &&
-		(q.ResourceID == "" || ev.ResourceID == q.ResourceID) &&
-		(q.RouteID == "" || ev.RouteID == q.RouteID) &&
-		(q.JobID == "" || ev.JobID == q.JobID) &&
-		(q.Type == "" || ev.Type == q.Type) &&
-		(q.Level == "" || ev.Level == q.Level)
-}
-
 // parseWhen reads a point in time: RFC 3339 (2026-11-30T03:12:00Z), a
 // local date and time (2026-11-30 03:12, 2026-11-30), or a duration before
 // now (90m, 2d).
@@ -221,12 +210,6 @@ var eventHeader = []string{"TIME", "TYPE", "LEVEL", "HOST", "TASK", "RESOURCE", 
 const eventTimeLayout = "2006-01-02T15:04:05.000Z07:00"
 
 func eventRow(ev *wire.Event) []string {
-	dash := func(s string) string {
-		if s == "" {
-			return "-"
-		}
-		return s
-	}
 	return []string{
 		ev.Time.Local().Format(eventTimeLayout), string(ev.Type), string(ev.Level), dash(ev.Host),
 		dash(ev.TaskID), dash(ev.ResourceID), dash(ev.RouteID), dash(ev.JobID), ev.Message,
@@ -325,7 +308,7 @@ func (a *app) auditTail(ctx context.Context, q wire.AuditQuery, since *time.Time
 			fmt.Fprintf(a.stderr, "skipping a malformed event on %s: %v\n", m.Subject(), err)
 			continue
 		}
-		if !matchEvent(q, &ev) {
+		if !auditd.Matches(&q, &ev) {
 			continue
 		}
 		wire.RedactEvent(&ev)
