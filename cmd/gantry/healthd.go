@@ -57,12 +57,18 @@ func (a *app) healthd(ctx context.Context, configPath string) error {
 	nc, js, err := a.client.connect("gantry-healthd", nats.MaxReconnects(-1))
 	if cfgErr != nil {
 		if err == nil {
-			a.rejectConfig(ctx, js, cfgErr)
+			a.rejectConfig(ctx, log, js, cfgErr)
 			nc.Close()
 		}
 		return cfgErr
 	}
 	if err != nil {
+		return err
+	}
+	// healthd: probes the routes, keeps gantry_routes current.
+	hd, err := newHealthd(cfg, log, nc, js)
+	if err != nil {
+		nc.Close()
 		return err
 	}
 	p := newProcess(log)
@@ -72,26 +78,24 @@ func (a *app) healthd(ctx context.Context, configPath string) error {
 	// Signals: SIGINT and SIGTERM stop healthd cleanly.
 	p.addSignals(ctx)
 
-	// healthd: probes the routes, keeps gantry_routes current.
-	hd, err := newHealthd(cfg, log, nc, js)
-	if err != nil {
-		return err
-	}
 	p.addActor("healthd", hd)
 	return p.run()
 }
 
 // rejectConfig records a config file healthd refused as a CONFIG_REJECTED
 // audit event, so the refusal is visible beyond this terminal.
-func (a *app) rejectConfig(ctx context.Context, js jetstream.JetStream, cfgErr error) {
+func (a *app) rejectConfig(ctx context.Context, log *slog.Logger, js jetstream.JetStream, cfgErr error) {
 	if !errors.Is(cfgErr, config.ErrInvalid) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.client.timeout)
 	defer cancel()
-	_ = audit.NewEmitter(js, "healthd", clock.Real{}).Emit(ctx, wire.Event{
+	err := audit.NewEmitter(js, "healthd", clock.Real{}).Emit(ctx, wire.Event{
 		Type: wire.EventConfigRejected, Level: wire.LevelError, Message: cfgErr.Error(),
 	})
+	if err != nil {
+		log.Warn("config rejection not recorded", "err", err)
+	}
 }
 
 // newHealthd builds healthd for the routes of the config file; 'gantry run'
