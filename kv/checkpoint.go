@@ -170,3 +170,25 @@ func (s *CheckpointStore) ClaimKey(ctx context.Context, key, taskID string, ttl 
 	}
 	return string(e.Value()), nil
 }
+
+// ReleaseKey gives up taskID's claim on dedupe key, so that the key can be
+// used again at once: for a task that was claimed but could not be
+// published. A claim that belongs to another task is left alone.
+func (s *CheckpointStore) ReleaseKey(ctx context.Context, key, taskID string) error {
+	k := dedupeKey(key)
+	e, err := s.kv.Get(ctx, k)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read key %q: %w", key, err)
+	}
+	if string(e.Value()) != taskID {
+		return nil
+	}
+	err = s.kv.Delete(ctx, k, jetstream.LastRevision(e.Revision()))
+	if err != nil && !casConflict(err) && !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("release key %q: %w", key, err)
+	}
+	return nil
+}

@@ -163,9 +163,10 @@ func (a *app) submit(ctx context.Context, typ string, f *submitFlags) error {
 // task whose key is already claimed is not published: the claimant's id is
 // returned.
 func (a *app) publishTask(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, tasks *kv.TaskStore, queue, typ string, t wire.Task) (string, error) {
+	var cps *kv.CheckpointStore
 	if t.Key != "" {
-		cps, err := kv.NewCheckpointStore(ctx, js)
-		if err != nil {
+		var err error
+		if cps, err = kv.NewCheckpointStore(ctx, js); err != nil {
 			return "", err
 		}
 		owner, err := cps.ClaimKey(ctx, t.Key, t.ID, 24*time.Hour)
@@ -204,8 +205,20 @@ func (a *app) publishTask(ctx context.Context, nc *nats.Conn, js jetstream.JetSt
 	msg.Header.Set(wire.HeaderCreated, "1")
 	ack, err := js.PublishMsg(ctx, msg)
 	if err != nil {
-		_ = tasks.Delete(context.WithoutCancel(ctx), t.ID)
-		return "", fmt.Errorf("publish task: %w", err)
+		// Nothing was submitted: undo the record and the key's claim, so
+		// that submitting again runs the task rather than naming this id.
+		err = fmt.Errorf("publish task %s: %w (nothing was submitted: try again)", t.ID, err)
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.client.timeout)
+		defer cancel()
+		if derr := tasks.Delete(uctx, t.ID); derr != nil {
+			err = errors.Join(err, fmt.Errorf("remove the record of task %s: %w", t.ID, derr))
+		}
+		if cps != nil {
+			if rerr := cps.ReleaseKey(uctx, t.Key, t.ID); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
+		}
+		return "", err
 	}
 	rec.Seq = ack.Sequence
 	if _, err := tasks.Update(ctx, rec, rev); err != nil && !errors.Is(err, kv.ErrTaskChanged) {
