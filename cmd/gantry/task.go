@@ -193,7 +193,7 @@ func (a *app) taskRetry(ctx context.Context, id string) error {
 	msg.Header.Set(wire.HeaderCreated, "1")
 	msg.Data = data
 
-	last := rec.LastError
+	orig, last := rec, rec.LastError
 	rec.State, rec.Attempts, rec.Deliveries, rec.Delays = wire.TaskWaiting, 0, 0, 0
 	rec.Message, rec.RetryAt, rec.Output = nil, nil, ""
 	rec.LastError = "retried by an operator; before: " + last
@@ -207,7 +207,16 @@ func (a *app) taskRetry(ctx context.Context, id string) error {
 	}
 	ack, err := js.PublishMsg(ctx, msg)
 	if err != nil {
-		return fmt.Errorf("publish task: %w", err)
+		// Not requeued: put the record back as it was, message included,
+		// rather than leave a WAITING task that nothing will run.
+		err = fmt.Errorf("publish task %s: %w", id, err)
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.client.timeout)
+		defer cancel()
+		orig.UpdatedAt = time.Now().UTC()
+		if _, rerr := tasks.Update(uctx, orig, rev); rerr != nil {
+			return errors.Join(err, fmt.Errorf("put task %s back to %s: %w", id, orig.State, rerr))
+		}
+		return fmt.Errorf("%w (task %s is %s again: retry it)", err, id, orig.State)
 	}
 	rec.Seq = ack.Sequence
 	if _, err := tasks.Update(ctx, rec, rev); err != nil && !errors.Is(err, kv.ErrTaskChanged) {
@@ -297,18 +306,18 @@ func (a *app) taskCancel(ctx context.Context, id string) error {
 	return err
 }
 
-func taskDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
 func taskTime(t *time.Time) string {
 	if t == nil || t.IsZero() {
 		return "-"
 	}
 	return t.UTC().Format(time.RFC3339)
+}
+
+func taskDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func truncate(s string, n int) string {
