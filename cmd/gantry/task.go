@@ -76,9 +76,9 @@ func (a *app) taskGetCommand() *cobra.Command {
 			rows := [][]string{
 				{"id", rec.ID}, {"type", rec.Type}, {"queue", rec.Queue}, {"state", string(rec.State)},
 				{"attempts", strconv.Itoa(rec.Attempts)}, {"max_attempts", strconv.Itoa(rec.MaxAttempts)},
-				{"delays", strconv.Itoa(rec.Delays)}, {"resource", taskDash(rec.Resource)}, {"key", taskDash(rec.Key)},
-				{"worker", taskDash(rec.Worker)}, {"created_at", taskTime(&rec.CreatedAt)}, {"updated_at", taskTime(&rec.UpdatedAt)},
-				{"not_before", taskTime(rec.NotBefore)}, {"retry_at", taskTime(rec.RetryAt)}, {"last_error", taskDash(rec.LastError)},
+				{"delays", strconv.Itoa(rec.Delays)}, {"resource", dash(rec.Resource)}, {"key", dash(rec.Key)},
+				{"worker", dash(rec.Worker)}, {"created_at", taskTime(&rec.CreatedAt)}, {"updated_at", taskTime(&rec.UpdatedAt)},
+				{"not_before", taskTime(rec.NotBefore)}, {"retry_at", taskTime(rec.RetryAt)}, {"last_error", dash(rec.LastError)},
 			}
 			if err := a.printTable([]string{"FIELD", "VALUE"}, rows); err != nil {
 				return err
@@ -129,7 +129,7 @@ func (a *app) taskLsCommand() *cobra.Command {
 			rows := make([][]string, 0, len(list))
 			for _, r := range list {
 				rows = append(rows, []string{r.ID, r.Queue + "/" + r.Type, string(r.State), strconv.Itoa(r.Attempts),
-					taskDash(r.Resource), taskTime(&r.UpdatedAt), taskDash(truncate(r.LastError, 60))})
+					dash(r.Resource), taskTime(&r.UpdatedAt), dash(truncate(r.LastError, 60))})
 			}
 			return a.printTable([]string{"ID", "QUEUE/TYPE", "STATE", "ATTEMPTS", "RESOURCE", "UPDATED", "LAST ERROR"}, rows)
 		},
@@ -311,13 +311,6 @@ func taskTime(t *time.Time) string {
 		return "-"
 	}
 	return t.UTC().Format(time.RFC3339)
-}
-
-func taskDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 func truncate(s string, n int) string {
