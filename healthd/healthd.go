@@ -74,6 +74,12 @@ type Healthd struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
+
+	// handlersMu guards closing: once Run has stopped, a probe request
+	// that arrives late starts no handler, so none runs past Run's end
+	// (nor calls wg.Add concurrently with its Wait).
+	handlersMu sync.Mutex
+	closing    bool
 }
 
 // route is one probed route, owned by its loop goroutine.
@@ -179,7 +185,9 @@ func (h *Healthd) Run(ctx context.Context) error {
 	}
 	defer func() { _ = reports.Unsubscribe() }()
 	probes, err := h.nc.QueueSubscribe(wire.SubjectRouteProbe, QueueGroup, func(m *nats.Msg) {
-		h.wg.Add(1)
+		if !h.startHandler() {
+			return
+		}
 		go func() {
 			defer h.wg.Done()
 			h.onProbe(ctx, m)
@@ -204,8 +212,23 @@ func (h *Healthd) Run(ctx context.Context) error {
 	<-ctx.Done()
 	_ = probes.Unsubscribe()
 	_ = reports.Unsubscribe()
+	h.handlersMu.Lock()
+	h.closing = true
+	h.handlersMu.Unlock()
 	h.wg.Wait()
 	return nil
+}
+
+// startHandler counts a probe handler about to start in wg, unless Run is
+// stopping; it reports whether the handler may start.
+func (h *Healthd) startHandler() bool {
+	h.handlersMu.Lock()
+	defer h.handlersMu.Unlock()
+	if h.closing {
+		return false
+	}
+	h.wg.Add(1)
+	return true
 }
 
 // stopped turns an error seen while starting into nil when it is only the
