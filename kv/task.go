@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
@@ -105,19 +106,16 @@ func (s *TaskStore) Put(ctx context.Context, r wire.TaskRecord) (uint64, error) 
 	return rev, nil
 }
 
-// PutAsync stores r without waiting: it publishes the record on the
-// bucket's subject and returns the future of the acknowledgement. Puts of
-// one connection are stored in the order they were made.
-func (s *TaskStore) PutAsync(r wire.TaskRecord) (jetstream.PubAckFuture, error) {
+// PutMsg returns the put of r as a message on the bucket's subject, for a
+// caller that publishes it itself without waiting for each
+// acknowledgement. Puts published on one connection are stored in the
+// order they were published.
+func (s *TaskStore) PutMsg(r wire.TaskRecord) (*nats.Msg, error) {
 	data, err := encodeTask(r)
 	if err != nil {
 		return nil, err
 	}
-	f, err := s.js.PublishAsync("$KV."+wire.BucketTasks+"."+r.ID, data)
-	if err != nil {
-		return nil, fmt.Errorf("put task %s: %w", r.ID, err)
-	}
-	return f, nil
+	return &nats.Msg{Subject: "$KV." + wire.BucketTasks + "." + r.ID, Data: data}, nil
 }
 
 // List returns every task record for which keep returns true (all when

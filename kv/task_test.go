@@ -36,16 +36,12 @@ func TestTaskStore(t *testing.T) {
 		t.Errorf("Update at a stale revision = %v, want ErrTaskChanged", err)
 	}
 	rec.State = wire.TaskSucceeded
-	f, err := s.PutAsync(rec)
+	m, err := s.PutMsg(rec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-f.Ok():
-	case err := <-f.Err():
-		t.Fatal(err)
-	case <-time.After(5 * time.Second):
-		t.Fatal("PutAsync not acknowledged within 5s")
+	if _, err := env.JS.PublishMsg(ctx, m); err != nil {
+		t.Fatalf("publish PutMsg: %v", err)
 	}
 	got, _, err := s.Get(ctx, "t1")
 	if err != nil || got.State != wire.TaskSucceeded || !got.CreatedAt.Equal(t0) {

@@ -222,8 +222,12 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 		rec.State = wire.TaskRunning
 		rec.UpdatedAt = w.cfg.Clock.Now()
 		rec.RetryAt = nil
-		if f, err := w.tasks.PutAsync(rec); err == nil {
-			w.await(pendingWrite{f: f})
+		m, err := w.tasks.PutMsg(rec)
+		if err == nil {
+			err = w.pipe.publish(m, "", nil)
+		}
+		if err != nil {
+			w.log.Warn("write task state", "task_id", rec.ID, "state", rec.State, "err", err)
 		}
 	})
 	defer runningTimer.Stop()
@@ -420,20 +424,20 @@ func (d *delivery) stored() *wire.StoredMessage {
 
 // write stores the record and returns once the bucket has it.
 func (d *delivery) write(ctx context.Context) {
+	done := make(chan error, 1)
 	d.mu.Lock()
 	d.final = true
 	d.rec.UpdatedAt = d.w.cfg.Clock.Now()
-	f, err := d.w.tasks.PutAsync(d.rec)
+	m, err := d.w.tasks.PutMsg(d.rec)
+	if err == nil {
+		// Published under mu: after any RUNNING write, so stored after it.
+		err = d.w.pipe.publish(m, "", done)
+	}
 	d.mu.Unlock()
 	if err == nil {
-		timer := time.NewTimer(ackTimeout)
-		defer timer.Stop()
-		select {
-		case <-f.Ok():
+		// The pipeline gives every publish an outcome within ackTimeout.
+		if err = <-done; err == nil {
 			return
-		case <-timer.C:
-			err = errors.New("not acknowledged")
-		case err = <-f.Err():
 		}
 	}
 	// The pipelined put failed: once more, waiting.

@@ -45,20 +45,13 @@ type Workers struct {
 	idle    chan job
 	runners sync.WaitGroup
 
-	pending chan pendingWrite
-	quit    chan struct{}
+	// pipe publishes the hot path's audit events and task records.
+	pipe *pipeline
+	quit chan struct{}
 
 	ready    chan struct{}
 	stop     chan struct{}
 	stopOnce sync.Once
-}
-
-// pendingWrite is an asynchronous publish whose acknowledgement is checked
-// off the hot path.
-type pendingWrite struct {
-	f jetstream.PubAckFuture
-	// eventID is set for an audit event, published again on failure.
-	eventID string
 }
 
 // job is one delivered message for a runner.
@@ -102,11 +95,11 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		handlers: map[string]Handler{},
 		running:  map[string]context.CancelCauseFunc{},
 		idle:     make(chan job),
-		pending:  make(chan pendingWrite, 8192),
 		quit:     make(chan struct{}),
 		ready:    make(chan struct{}),
 		stop:     make(chan struct{}),
 	}
+	w.pipe = newPipeline(nc, ackTimeout, maxPendingWrites, w.writeFailed)
 	w.handlers["noop"] = HandlerFunc(w.runNoop)
 	w.handlers["exec"] = HandlerFunc(w.runExec)
 	w.handlers["http"] = HandlerFunc(w.runHTTP)
@@ -223,10 +216,13 @@ func (w *Workers) Run(ctx context.Context) error {
 		return fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
 	}
 
+	if err := w.pipe.start(); err != nil {
+		return err
+	}
 	checked := make(chan struct{})
 	go func() {
 		defer close(checked)
-		w.checkWrites()
+		w.pipe.run(w.quit, flushTimeout)
 	}()
 	drained := false
 	defer func() {
@@ -397,23 +393,19 @@ func (w *Workers) emitAsync(ev wire.Event) {
 		return
 	}
 	m := &nats.Msg{Subject: ev.Type.Subject(), Data: data}
-	f, err := w.js.PublishMsgAsync(m)
-	if err != nil {
-		m.Header = nats.Header{jetstream.MsgIDHeader: []string{ev.ID}}
-		w.republish(m, err)
-		return
+	if err := w.pipe.publish(m, ev.ID, nil); err != nil {
+		w.republish(withMsgID(m, ev.ID), err)
 	}
-	w.await(pendingWrite{f: f, eventID: ev.ID})
 }
 
-// await hands p to the background checker, or checks it here once the
-// checker has stopped.
-func (w *Workers) await(p pendingWrite) {
-	select {
-	case w.pending <- p:
-	case <-w.quit:
-		w.checkOne(p)
+// writeFailed handles a pipelined write that failed: an audit event is
+// published again, a task record is reported.
+func (w *Workers) writeFailed(p *pub, err error) {
+	if p.eventID != "" {
+		w.republish(withMsgID(p.msg, p.eventID), err)
+		return
 	}
+	w.log.Warn("task state write failed", "subject", p.msg.Subject, "err", err)
 }
 
 // withMsgID is a copy of m with the Nats-Msg-Id id.
@@ -439,59 +431,17 @@ func (w *Workers) republish(m *nats.Msg, cause error) {
 // publish (a closed connection never answers).
 const ackTimeout = 10 * time.Second
 
-// checkWrites waits for the acknowledgements of asynchronous publishes,
-// with one timer for all of them.
-func (w *Workers) checkWrites() {
-	timer := time.NewTimer(ackTimeout)
-	defer timer.Stop()
-	for {
-		select {
-		case p := <-w.pending:
-			w.check(p, timer)
-		case <-w.quit:
-			for {
-				select {
-				case p := <-w.pending:
-					w.check(p, timer)
-				default:
-					return
-				}
-			}
-		}
-	}
-}
+// maxPendingWrites bounds the pipelined writes waiting for their
+// acknowledgement; a write past it waits for room.
+const maxPendingWrites = 16384
 
-// checkOne waits for the acknowledgement of p.
-func (w *Workers) checkOne(p pendingWrite) {
-	timer := time.NewTimer(ackTimeout)
-	defer timer.Stop()
-	w.check(p, timer)
-}
+// flushTimeout bounds the wait for the pending writes when Run stops.
+const flushTimeout = 5 * time.Second
 
-// check waits for the acknowledgement of p, at most ackTimeout; timer is
-// reset for the wait.
-func (w *Workers) check(p pendingWrite, timer *time.Timer) {
-	timer.Reset(ackTimeout)
-	select {
-	case <-p.f.Ok():
-	case <-timer.C:
-		if p.eventID != "" {
-			w.republish(withMsgID(p.f.Msg(), p.eventID), errors.New("not acknowledged"))
-		} else {
-			w.log.Warn("write not acknowledged", "subject", p.f.Msg().Subject, "within", ackTimeout)
-		}
-	case err := <-p.f.Err():
-		if p.eventID != "" {
-			w.republish(withMsgID(p.f.Msg(), p.eventID), err)
-		} else {
-			w.log.Warn("task state write failed", "subject", p.f.Msg().Subject, "err", err)
-		}
-	}
-}
-
-// flush waits for every asynchronous publish to be acknowledged.
+// flush waits for the asynchronous publishes made through w.js (the
+// resources' events) to be acknowledged; the pipeline flushes its own.
 func (w *Workers) flush(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, flushTimeout)
 	defer cancel()
 	select {
 	case <-w.js.PublishAsyncComplete():
