@@ -242,18 +242,27 @@ func TestLeaseTTLAndValidation(t *testing.T) {
 			t.Errorf("LeaseTTL(%v) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	if _, err := kv.LeaseTTL(0); err == nil {
-		t.Error("LeaseTTL(0) = nil error, want an error")
+	for _, bad := range []time.Duration{0, -time.Second} {
+		if _, err := kv.LeaseTTL(bad); !errors.Is(err, kv.ErrInvalid) {
+			t.Errorf("LeaseTTL(%v) = %v, want ErrInvalid", bad, err)
+		}
 	}
 	_, l := setupLeases(t)
 	ctx := leaseCtx(t)
 	for _, bad := range []string{"", "a.b", "a b", "*", "cam>"} {
-		if _, err := l.Acquire(ctx, bad, "alice", time.Second); err == nil {
-			t.Errorf("Acquire(%q) = nil error, want an invalid id error", bad)
+		if _, err := l.Acquire(ctx, bad, "alice", time.Second); !errors.Is(err, kv.ErrInvalid) {
+			t.Errorf("Acquire(%q) = %v, want ErrInvalid", bad, err)
 		}
 	}
-	if _, err := l.Acquire(ctx, "cam1", "", time.Second); err == nil {
-		t.Error("Acquire without owner = nil error, want an error")
+	if _, err := l.Acquire(ctx, "cam1", "", time.Second); !errors.Is(err, kv.ErrInvalid) {
+		t.Errorf("Acquire without owner = %v, want ErrInvalid", err)
+	}
+	if _, err := l.Acquire(ctx, "cam1", "alice", -time.Second); !errors.Is(err, kv.ErrInvalid) {
+		t.Errorf("Acquire with a negative ttl = %v, want ErrInvalid", err)
+	}
+	// Nothing invalid was taken.
+	if list, err := l.List(ctx); err != nil || len(list) != 0 {
+		t.Errorf("List after invalid acquires = %v, %v; want empty", list, err)
 	}
 	if _, err := kv.NewLeases(nil, kv.LeasesConfig{}); err == nil {
 		t.Error("NewLeases(nil) = nil error")
@@ -269,7 +278,7 @@ func TestLeaseEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := l.Acquire(ctx, "cam1", "bob", 5*time.Second); !errors.Is(err, kv.ErrConflict) {
-		t.Fatal(err)
+		t.Fatalf("bob's acquire while alice holds = %v, want ErrConflict", err)
 	}
 	if err := l.Release(ctx, a); err != nil {
 		t.Fatal(err)
