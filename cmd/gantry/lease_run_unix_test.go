@@ -81,6 +81,34 @@ func alive(pid int) bool {
 	return i < 0 || stat[i+2] != 'Z'
 }
 
+// readPID reads the process id a command wrote into path.
+func readPID(t *testing.T, path string) int {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		t.Fatalf("pid file %s = %q: %v", path, data, err)
+	}
+	return pid
+}
+
+// waitDead polls until pid is gone; if it outlives the deadline, it is
+// killed and the test fails saying why it should have died.
+func waitDead(t *testing.T, pid int, why string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Fatalf("process %d still alive 10s later: %s", pid, why)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func TestLeaseRunHoldsPastTTL(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
@@ -149,14 +177,7 @@ func TestLeaseRunLostKillsTree(t *testing.T) {
 	c, out := startLeaseRun(t, env.URL, "cam1", "--ttl", "1s", "--",
 		"sh", "-c", `sleep 300 & echo $! > "$1"; touch "$2"; wait`, "sh", pidFile, started)
 	waitFile(t, started)
-	data, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	grandchild, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	grandchild := readPID(t, pidFile)
 	// Someone purges the lease: the next renewal finds it lost.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -170,14 +191,7 @@ func TestLeaseRunLostKillsTree(t *testing.T) {
 	if code := exitOf(t, c); code != exitFailure || !strings.Contains(out.String(), "lost") {
 		t.Errorf("lease run after losing its lease = exit %d (%s), want 1 saying lost", code, out)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for alive(grandchild) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(grandchild, syscall.SIGKILL)
-			t.Fatal("the command's child survived the lost lease")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitDead(t, grandchild, "the command's child survived the lost lease")
 }
 
 func TestLeaseRunKillsLeftovers(t *testing.T) {
@@ -189,22 +203,7 @@ func TestLeaseRunKillsLeftovers(t *testing.T) {
 	if code := exitOf(t, c); code != 0 {
 		t.Fatalf("lease run = exit %d (%s), want 0", code, out)
 	}
-	data, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leftover, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for alive(leftover) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(leftover, syscall.SIGKILL)
-			t.Fatal("a process the command left behind outlived the lease")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitDead(t, readPID(t, pidFile), "a process the command left behind outlived the lease")
 }
 
 func TestLeaseRunForwardsSIGTERM(t *testing.T) {
