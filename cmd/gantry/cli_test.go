@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -58,5 +59,33 @@ func TestVersion(t *testing.T) {
 	code, stdout, stderr := runInProcess(t, "version", "--json")
 	if code != exitOK || !strings.Contains(stdout, `"nats-server"`) {
 		t.Errorf("version --json = exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+}
+
+// TestRunComponentFailureReleasesEverything starts 'gantry run' in this
+// process with an audit store that cannot open: it must exit 1 saying why,
+// and leave no connection or listener behind (goleak in TestMain checks the
+// goroutines; the port is taken again here).
+func TestRunComponentFailureReleasesEverything(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "audit"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	code, _, stderr := runInProcess(t, "run", "--data", dir, "--nats-listen", "127.0.0.1:0", "--http-listen", addr, "--log-format", "json")
+	if code != exitFailure || !strings.Contains(stderr, "audit store") {
+		t.Errorf("run with an unopenable audit store = exit %d, stderr %q; want exit 1 naming the audit store", code, stderr)
+	}
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Errorf("HTTP port %s still taken after the failed start: %v", addr, err)
+	} else {
+		ln.Close()
 	}
 }

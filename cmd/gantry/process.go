@@ -142,3 +142,12 @@ func (p *process) drainConns() {
 		nc.Close()
 	}
 }
+
+// abort releases what a process that will not run has opened: its HTTP
+// listener and its connections.
+func (p *process) abort() {
+	if p.http != nil {
+		_ = p.http.ln.Close()
+	}
+	p.drainConns()
+}

@@ -129,6 +129,15 @@ func (a *app) serve(ctx context.Context, sf *serverFlags, add components) error 
 	// Signals: SIGINT and SIGTERM stop the process cleanly.
 	p.addSignals(ctx)
 
+	if err := a.addServing(p, b, sf, cfg, log, add); err != nil {
+		p.abort()
+		return err
+	}
+	return p.run()
+}
+
+// addServing adds HTTP and the components to p.
+func (a *app) addServing(p *process, b *broker.Broker, sf *serverFlags, cfg *config.File, log *slog.Logger, add components) error {
 	// HTTP: /healthz and /readyz.
 	httpConn, _, err := p.connect(b, "http")
 	if err != nil {
@@ -137,11 +146,8 @@ func (a *app) serve(ctx context.Context, sf *serverFlags, add components) error 
 	if err := p.addHTTP(sf.httpListen, httpConn); err != nil {
 		return err
 	}
-
-	if add != nil {
-		if err := add(p, b, cfg, log); err != nil {
-			return err
-		}
+	if add == nil {
+		return nil
 	}
-	return p.run()
+	return add(p, b, cfg, log)
 }
