@@ -102,7 +102,9 @@ func (k *Keeper) Run(ctx context.Context) error {
 	defer func() {
 		fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer fcancel()
-		_ = k.res.Flush(fctx)
+		if err := k.res.Flush(fctx); err != nil {
+			k.log.Warn("audit events not confirmed stored", "err", err)
+		}
 	}()
 	err := k.run(ctx)
 	if ctx.Err() != nil {
@@ -232,7 +234,8 @@ func (k *Keeper) scan(ctx context.Context) {
 	}
 	for _, e := range entries {
 		var res wire.Resource
-		if json.Unmarshal(e.Value(), &res) != nil {
+		if err := json.Unmarshal(e.Value(), &res); err != nil {
+			k.log.Warn("skipping undecodable resource", "resource_id", e.Key(), "err", err)
 			continue
 		}
 		switch res.State {
