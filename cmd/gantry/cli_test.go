@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gantry-dev/gantry/internal/brokertest"
 )
 
 func TestUsageErrors(t *testing.T) {
@@ -62,30 +64,42 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-// TestRunComponentFailureReleasesEverything starts 'gantry run' in this
-// process with an audit store that cannot open: it must exit 1 saying why,
-// and leave no connection or listener behind (goleak in TestMain checks the
-// goroutines; the port is taken again here).
-func TestRunComponentFailureReleasesEverything(t *testing.T) {
+// TestRunComponentFailure starts 'gantry run' in this process with an audit
+// store that cannot open: it exits 1 naming the store, and goleak in TestMain
+// checks that nothing it started keeps running.
+func TestRunComponentFailure(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "audit"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	code, _, stderr := runInProcess(t, "run", "--data", dir, "--nats-listen", "127.0.0.1:0", "--http-listen", addr, "--log-format", "json")
+	code, _, stderr := runInProcess(t, "run", "--data", dir, "--nats-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--log-format", "json")
 	if code != exitFailure || !strings.Contains(stderr, "audit store") {
 		t.Errorf("run with an unopenable audit store = exit %d, stderr %q; want exit 1 naming the audit store", code, stderr)
 	}
-	ln, err = net.Listen("tcp", addr)
+}
+
+// TestProcessAbort checks that a process that will not run releases its
+// HTTP listener and closes its connections.
+func TestProcessAbort(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	p := newProcess(brokertest.Logger(t))
+	nc, _, err := p.connect(env.Broker, "test")
 	if err != nil {
-		t.Errorf("HTTP port %s still taken after the failed start: %v", addr, err)
-	} else {
-		ln.Close()
+		t.Fatal(err)
 	}
+	if err := p.addHTTP("127.0.0.1:0", nc); err != nil {
+		t.Fatal(err)
+	}
+	addr := p.http.Addr()
+	p.abort()
+	if !nc.IsClosed() {
+		t.Error("connection open after abort, want closed")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("HTTP port %s still taken after abort: %v", addr, err)
+	}
+	ln.Close()
 }
