@@ -57,7 +57,8 @@ type Config struct {
 	FS vfs.FS
 	// Logger logs the sink's work. Defaults to discarding it.
 	Logger *slog.Logger
-	// Clock drives retention. Defaults to the real clock.
+	// Clock drives retention and the pauses between write retries.
+	// Defaults to the real clock.
 	Clock clock.Clock
 }
 
@@ -286,14 +287,25 @@ func (s *Service) write(ctx context.Context, msgs []jetstream.Msg) {
 		for _, m := range msgs {
 			_ = m.InProgress()
 		}
-		select {
-		case <-ctx.Done():
+		if !s.pause(ctx, delay) {
 			return
-		case <-s.stop:
-			return
-		case <-time.After(delay):
 		}
 		delay = min(2*delay, s.cfg.MaxRetryDelay)
+	}
+}
+
+// pause waits d on the service's clock. It reports false if Stop or ctx
+// ended the wait.
+func (s *Service) pause(ctx context.Context, d time.Duration) bool {
+	t := s.cfg.Clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-s.stop:
+		return false
+	case <-t.C():
+		return true
 	}
 }
 
