@@ -1,7 +1,9 @@
 package kv_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -146,4 +148,34 @@ func TestCheckpointStore(t *testing.T) {
 	if owner, err := s.ClaimKey(ctx, "nightly", "a", time.Hour); owner != "a" || err != nil {
 		t.Errorf("ClaimKey(a) again = %q, %v; want a", owner, err)
 	}
+}
+
+// FuzzPutMsg checks that a record is encoded as json.Marshal encodes it.
+func FuzzPutMsg(f *testing.F) {
+	for _, s := range [][3]string{
+		{"SUCCEEDED", "", "w-1"},
+		{"NEEDS_REVIEW", "exit status 1: <no such file> & \"quoted\"", "höst-1"},
+		{"RETRY_WAIT", "line\nbreak\ttab", ""},
+		{"", "\u2028", "\\"},
+	} {
+		f.Add(s[0], s[1], s[2], int64(1764515075123456789), 3, uint64(42), true)
+	}
+	f.Fuzz(func(t *testing.T, state, lastError, worker string, ns int64, n int, seq uint64, times bool) {
+		at := time.Unix(0, ns).In(time.FixedZone("X", -7200))
+		r := wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: "t-1", Type: "noop", Queue: "default", State: wire.TaskState(state),
+			Attempts: n, LastError: lastError, Resource: worker, CreatedAt: at, UpdatedAt: at.UTC()},
+			Deliveries: n, Delays: -n, MaxAttempts: n, Priority: n, Key: lastError, Seq: seq, Worker: worker, Output: lastError}
+		if times {
+			r.NotBefore, r.RetryAt = &at, &r.UpdatedAt
+		}
+		want, wantErr := json.Marshal(r)
+		m, err := (&kv.TaskStore{}).PutMsg(r)
+		if (err != nil) != (wantErr != nil) || (err == nil && !bytes.Equal(m.Data, want)) {
+			var got []byte
+			if m != nil {
+				got = m.Data
+			}
+			t.Errorf("PutMsg data = %s, %v; want %s, %v", got, err, want, wantErr)
+		}
+	})
 }
