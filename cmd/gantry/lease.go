@@ -84,8 +84,8 @@ func (a *app) withStores(fn func(*kv.Resources) error) error {
 // by another owner is never handed to fn: exit 3 naming the holder; no
 // lease on resource: exit 4.
 func (a *app) withHeldLease(ctx context.Context, resource, owner string, fn func(*kv.Resources, wire.Lease) error) error {
-	if owner == "" {
-		return usageError("--owner is required")
+	if err := checkOwner(owner); err != nil {
+		return err
 	}
 	return a.withStores(func(r *kv.Resources) error {
 		cur, err := heldBy(ctx, r.Leases(), resource, owner)
@@ -152,8 +152,8 @@ it exits 3 naming the holder and its expiry, and changes nothing. If O already
 holds it, the lease is renewed.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if owner == "" {
-				return usageError("--owner is required")
+			if err := checkOwner(owner); err != nil {
+				return err
 			}
 			return a.withStores(func(r *kv.Resources) error {
 				rh, err := r.Lease(cmd.Context(), args[0], owner, ttl)
@@ -169,12 +169,20 @@ holds it, the lease is renewed.`,
 	return cmd
 }
 
+// checkOwner refuses a lease command without --owner.
+func checkOwner(owner string) error {
+	if owner == "" {
+		return usageError("--owner is required: name who holds the lease (e.g. --owner $HOSTNAME/backup)")
+	}
+	return nil
+}
+
 // heldBy returns the current lease on resource if owner holds it: a
 // *ConflictError if someone else does, ErrNotFound if nobody does.
 func heldBy(ctx context.Context, l *kv.Leases, resource, owner string) (wire.Lease, error) {
 	cur, err := l.Get(ctx, resource)
 	if errors.Is(err, kv.ErrNotFound) {
-		return wire.Lease{}, fmt.Errorf("no lease on %s: %w", resource, kv.ErrNotFound)
+		return wire.Lease{}, fmt.Errorf("no lease on %s (it lapsed or was released; take it again with 'gantry lease acquire'): %w", resource, kv.ErrNotFound)
 	}
 	if err != nil {
 		return wire.Lease{}, err

@@ -65,12 +65,20 @@ func TestLeaseCLI(t *testing.T) {
 		{"lease", "release", "cam1", "--owner", "alice"},
 		{"lease", "renew", "cam1", "--owner", "alice"},
 	} {
-		if code, _, errs := leaseCLI(t, u, args...); code != exitNotFound {
-			t.Errorf("%v with no lease = exit %d %q, want 4", args, code, errs)
+		if code, _, errs := leaseCLI(t, u, args...); code != exitNotFound || !strings.Contains(errs, "no lease on cam1") {
+			t.Errorf("%v with no lease = exit %d %q, want 4 saying there is no lease on cam1", args, code, errs)
 		}
 	}
 	for _, args := range [][]string{
 		{"lease", "acquire", "cam1"},
+		{"lease", "renew", "cam1"},
+		{"lease", "release", "cam1"},
+	} {
+		if code, _, errs := leaseCLI(t, u, args...); code != exitUsage || !strings.Contains(errs, "--owner is required") {
+			t.Errorf("%v = exit %d %q, want 2 asking for --owner", args, code, errs)
+		}
+	}
+	for _, args := range [][]string{
 		{"lease", "acquire", "cam.1", "--owner", "a"},
 		{"lease", "acquire", "cam1", "--owner", "a", "--ttl", "-1s"},
 		{"lease", "run", "cam1"},

@@ -173,7 +173,7 @@ itself to its holder.`,
 				return usageError("%v", err)
 			}
 			if reason == "" {
-				return usageError("--reason is required")
+				return usageError("--reason is required: say why, for the audit trail (e.g. --reason \"camera replaced\")")
 			}
 			return a.resourceOp(func(r *kv.Resources) (kv.Resource, error) {
 				return r.SetState(cmd.Context(), args[0], to, reason)
