@@ -185,7 +185,7 @@ func (a *app) publishTask(ctx context.Context, nc *nats.Conn, js jetstream.JetSt
 	}
 	rev, err := tasks.Create(ctx, rec)
 	if errors.Is(err, kv.ErrTaskExists) {
-		return "", withCode(exitConflict, fmt.Errorf("task %s exists already: choose another --id", t.ID))
+		return "", usageError("task %s exists already: choose another --id", t.ID)
 	}
 	if err != nil {
 		return "", err

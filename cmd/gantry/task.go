@@ -200,7 +200,7 @@ func (a *app) taskRetry(ctx context.Context, id string) error {
 	rec.UpdatedAt = time.Now().UTC()
 	rev, err = tasks.Update(ctx, rec, rev)
 	if errors.Is(err, kv.ErrTaskChanged) {
-		return withCode(exitConflict, fmt.Errorf("task %s changed meanwhile: try again", id))
+		return withCode(exitFailure, fmt.Errorf("task %s changed meanwhile: try again", id))
 	}
 	if err != nil {
 		return err
@@ -265,7 +265,7 @@ func (a *app) taskCancel(ctx context.Context, id string) error {
 	rec.RetryAt = nil
 	rec.UpdatedAt = time.Now().UTC()
 	if _, err := tasks.Update(ctx, rec, rev); errors.Is(err, kv.ErrTaskChanged) {
-		return withCode(exitConflict, fmt.Errorf("task %s changed meanwhile: try again", id))
+		return withCode(exitFailure, fmt.Errorf("task %s changed meanwhile: try again", id))
 	} else if err != nil {
 		return err
 	}

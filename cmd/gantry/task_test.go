@@ -104,7 +104,7 @@ func TestSubmitAndTaskCommands(t *testing.T) {
 		{[]string{"submit", "noop", "--payload", "{not json"}, exitUsage},
 		{[]string{"submit", "no.op"}, exitUsage},
 		{[]string{"submit", "noop", "--timeout", "soon"}, exitUsage},
-		{[]string{"submit", "noop", "--id", "perm-1"}, exitConflict},
+		{[]string{"submit", "noop", "--id", "perm-1"}, exitUsage},
 	} {
 		if code, _, stderr := runInProcess(t, append(tc.args, "--server", url)...); code != tc.code {
 			t.Errorf("%v = exit %d (%s), want %d", tc.args, code, stderr, tc.code)
