@@ -65,7 +65,7 @@ var errNotAcknowledged = errors.New("not acknowledged")
 var errPipelineClosed = errors.New("publish pipeline closed")
 
 func newPipeline(nc *nats.Conn, timeout time.Duration, max int, failed func(*pub, error)) *pipeline {
-	p := &pipeline{nc: nc, prefix: nc.NewRespInbox() + ".", timeout: timeout, max: max, failed: failed,
+	p := &pipeline{nc: nc, prefix: nc.NewInbox() + ".", timeout: timeout, max: max, failed: failed,
 		pending: map[uint64]*pub{}, kick: make(chan struct{}, 1)}
 	p.room = sync.NewCond(&p.mu)
 	return p

@@ -47,6 +47,8 @@ type Workers struct {
 
 	// pipe publishes the hot path's audit events and task records.
 	pipe *pipeline
+	// quit is closed when Run returns: the pipeline flushes and stops,
+	// idle runners leave.
 	quit chan struct{}
 
 	ready    chan struct{}
