@@ -236,7 +236,7 @@ func (w *Workers) Run(ctx context.Context) error {
 		}
 	}()
 
-	cancelSub, err := w.nc.Subscribe(wire.SubjectTaskCancel, func(m *nats.Msg) { w.cancelRunning(string(m.Data)) })
+	cancelSub, err := w.nc.Subscribe(wire.SubjectTaskCancel, w.cancelRunning)
 	if err != nil {
 		return fmt.Errorf("subscribe %s: %w", wire.SubjectTaskCancel, err)
 	}
@@ -347,13 +347,23 @@ func (w *Workers) runner(ctx context.Context, j job) {
 	}
 }
 
-func (w *Workers) cancelRunning(id string) {
+func (w *Workers) cancelRunning(m *nats.Msg) {
+	id := string(m.Data)
 	w.rmu.Lock()
 	cancel := w.running[id]
 	w.rmu.Unlock()
-	if cancel != nil {
-		w.log.Info("cancelling task", "task_id", id)
-		cancel(ErrCancelled)
+	if cancel == nil {
+		return
+	}
+	w.log.Info("cancelling task", "task_id", id)
+	cancel(ErrCancelled)
+	// The reply tells `gantry task cancel` that this worker records the
+	// task's end, so the CLI neither removes its message nor finishes it a
+	// second time.
+	if m.Reply != "" {
+		if err := m.Respond([]byte("cancelling")); err != nil {
+			w.log.Warn("answer cancel request", "task_id", id, "err", err)
+		}
 	}
 }
 

@@ -104,7 +104,9 @@ const (
 )
 
 // SubjectTaskCancel is where `gantry task cancel` announces a cancelled task
-// (core NATS, body: the task id); the worker running it stops it.
+// (core NATS request, body: the task id); the worker running it stops it and
+// answers, so the CLI knows that worker records the task's end. The
+// scheduler's overlap policy replace publishes here without waiting.
 const SubjectTaskCancel = "gantry.control.task.cancel"
 
 // EnvCheckpointFile names, in an exec'd process's environment, a file that

@@ -234,6 +234,10 @@ func (a *app) taskRetry(ctx context.Context, id string) error {
 	return err
 }
 
+// cancelAnswerWait is how long `gantry task cancel` waits for the worker
+// running a task to answer.
+const cancelAnswerWait = time.Second
+
 func (a *app) taskCancelCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "cancel ID",
@@ -269,19 +273,24 @@ func (a *app) taskCancel(ctx context.Context, id string) error {
 	} else if err != nil {
 		return err
 	}
-	// A running task: its worker stops it and records the end.
-	if err := nc.Publish(wire.SubjectTaskCancel, []byte(id)); err != nil {
+	// A running task: its worker stops it, answers, and records the end. The
+	// record may still say WAITING for a task that started an instant ago,
+	// so the answer, not the record, decides who finishes the task.
+	running := was == wire.TaskRunning
+	if _, err := nc.Request(wire.SubjectTaskCancel, []byte(id), cancelAnswerWait); err == nil {
+		running = true
+	} else if !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, nats.ErrNoResponders) {
 		return fmt.Errorf("announce cancel: %w", err)
 	}
 	removed := false
-	if rec.Seq != 0 && was != wire.TaskRunning {
+	if rec.Seq != 0 && !running {
 		stream, err := js.Stream(ctx, wire.StreamTasks)
 		if err != nil {
 			return fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
 		}
 		err = stream.DeleteMsg(ctx, rec.Seq)
 		removed = err == nil
-		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		if err != nil && !msgGone(err) {
 			return fmt.Errorf("remove task message: %w", err)
 		}
 	}
@@ -319,3 +328,19 @@ func truncate(s string, n int) string {
 	}
 	return s[:n-1] + "…"
 }
+
+// msgGone reports whether a message delete failed because the message is no
+// longer in the stream: its worker took it (and records its end). The server
+// says so either as "message not found" or, for a delete, as its generic
+// delete failure (10057) with the text "no message found".
+func msgGone(err error) bool {
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound ||
+		apiErr.ErrorCode == errCodeMsgDeleteFailed && strings.Contains(apiErr.Description, "no message found"))
+}
+
+// errCodeMsgDeleteFailed is nats-server's JSStreamMsgDeleteFailedF.
+const errCodeMsgDeleteFailed jetstream.ErrorCode = 10057

@@ -231,3 +231,56 @@ func waitForEvent(t *testing.T, js jetstream.JetStream, subject string, within t
 		}
 	}
 }
+
+// TestCancelJustStartedFinishesOnce cancels tasks an instant after they
+// start, while their record may still say WAITING: whichever of the worker
+// and the CLI ends the task, TASK_FINISHED is recorded once per task.
+func TestCancelJustStartedFinishesOnce(t *testing.T) {
+	t.Parallel()
+	_, ready := startGantry(t, "run", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
+	url := ready.NATS
+	nc, js := brokertest.Connect(t, url)
+	started, err := nc.SubscribeSync(wire.EventTaskStarted.Subject())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"quick-1", "quick-2", "quick-3"}
+	for _, id := range ids {
+		if code, _, stderr := runInProcess(t, "submit", "noop", "--id", id, "--payload", `{"sleep":"1m"}`, "--server", url); code != exitOK {
+			t.Fatalf("submit %s = exit %d (%s)", id, code, stderr)
+		}
+		if _, err := started.NextMsg(10 * time.Second); err != nil {
+			t.Fatalf("no TASK_STARTED for %s: %v", id, err)
+		}
+		if code, _, stderr := runInProcess(t, "task", "cancel", id, "--server", url); code != exitOK {
+			t.Fatalf("task cancel %s = exit %d (%s), want 0", id, code, stderr)
+		}
+		waitTaskState(t, url, id, wire.TaskCancelled)
+	}
+	// Let a second, wrong TASK_FINISHED arrive if one is coming.
+	time.Sleep(500 * time.Millisecond)
+	finished := map[string]int{}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cons, err := js.OrderedConsumer(ctx, wire.StreamAudit, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{wire.EventTaskFinished.Subject()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		msg, err := cons.Next(jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			break
+		}
+		var ev wire.Event
+		if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+			t.Fatal(err)
+		}
+		finished[ev.TaskID]++
+	}
+	for _, id := range ids {
+		if finished[id] != 1 {
+			t.Errorf("TASK_FINISHED events for %s = %d, want 1", id, finished[id])
+		}
+	}
+}
