@@ -11,6 +11,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/cronexpr"
 )
 
 // ErrInvalidJob marks every error about a job definition.
@@ -25,10 +26,6 @@ const (
 	// DefaultMisfireCap bounds the fires of MisfireAll after downtime.
 	DefaultMisfireCap = 100
 )
-
-// cronParser accepts 5 fields, or 6 with seconds first, and descriptors
-// (@daily, @every 5m).
-var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
 // schedule yields the planned times of a job.
 type schedule interface {
@@ -121,7 +118,7 @@ func compile(j wire.Job) (*spec, error) {
 	}
 	switch {
 	case j.Cron != "":
-		cs, err := cronParser.Parse(j.Cron)
+		cs, err := cronexpr.Parse(j.Cron)
 		if err != nil {
 			return nil, bad("cron %q: %v", j.Cron, err)
 		}

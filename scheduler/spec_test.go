@@ -45,6 +45,7 @@ func TestCronSchedule(t *testing.T) {
 		{"time zone summer", "0 3 * * *", "Europe/Berlin", "2026-07-01T00:00:00Z", []string{"2026-07-01T01:00:00Z"}},
 		{"descriptor", "@hourly", "", "2026-11-30T10:07:00Z", []string{"2026-11-30T11:00:00Z"}},
 		{"weekdays", "0 9 * * MON-FRI", "", "2026-12-04T10:00:00Z", []string{"2026-12-07T09:00:00Z"}},
+		{"last day of the month", "0 18 L * *", "Europe/Berlin", "2026-11-15T00:00:00Z", []string{"2026-11-30T17:00:00Z", "2026-12-31T17:00:00Z", "2027-01-31T17:00:00Z", "2027-02-28T17:00:00Z"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -5,12 +5,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/robfig/cron/v3"
+	"github.com/gantry-dev/gantry/internal/cronexpr"
 )
-
-// cronParser reads cron expressions as the scheduler does: 5 fields, or 6
-// with seconds first, or a descriptor.
-var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
 // validate checks a job definition at load time: a type, exactly one
 // trigger, the cron expression, the policy names, the windows and the time
@@ -32,7 +28,7 @@ func (j Job) validate(i int) error {
 		return bad("set exactly one of cron, every and at")
 	}
 	if j.Cron != "" {
-		if _, err := cronParser.Parse(j.Cron); err != nil {
+		if _, err := cronexpr.Parse(j.Cron); err != nil {
 			return bad("cron %q: %v", j.Cron, err)
 		}
 	}
