@@ -251,21 +251,23 @@ func jobWhenp(t *time.Time) string {
 	return jobWhen(*t)
 }
 
-// jobStores connects and opens the job and scheduler stores.
-func (a *app) jobStores(ctx context.Context) (*nats.Conn, *kv.JobStore, *kv.SchedulerStore, error) {
+// withJobStores connects, opens the job and scheduler stores, runs fn and
+// closes the connection.
+func (a *app) withJobStores(ctx context.Context, fn func(ctx context.Context, jobs *kv.JobStore, st *kv.SchedulerStore) error) error {
 	nc, js, err := a.client.connect("gantry-job")
 	if err != nil {
-		return nil, nil, nil, err
+		return err
 	}
+	defer nc.Close()
 	jobs, err := kv.NewJobStore(ctx, js)
-	if err == nil {
-		var st *kv.SchedulerStore
-		if st, err = kv.NewSchedulerStore(ctx, js); err == nil {
-			return nc, jobs, st, nil
-		}
+	if err != nil {
+		return err
 	}
-	nc.Close()
-	return nil, nil, nil, err
+	st, err := kv.NewSchedulerStore(ctx, js)
+	if err != nil {
+		return err
+	}
+	return fn(ctx, jobs, st)
 }
 
 // jobNotFound maps a missing job to exit code 4.
@@ -282,41 +284,37 @@ func (a *app) jobLsCommand() *cobra.Command {
 		Short: "List the jobs with their trigger, state and next fire",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			nc, jobs, st, err := a.jobStores(ctx)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			list, bad, err := jobs.List(ctx)
-			if err != nil {
-				return err
-			}
-			states, err := st.States(ctx)
-			if err != nil {
-				return err
-			}
-			views := make([]jobView, 0, len(list))
-			for _, j := range list {
-				s := states[j.Name]
-				views = append(views, a.jobView(j, &s))
-			}
-			for key, err := range bad {
-				fmt.Fprintf(a.stderr, "gantry: job %s: %v\n", key, err)
-			}
-			if a.json {
-				return a.printJSON(views)
-			}
-			rows := make([][]string, 0, len(views))
-			for _, v := range views {
-				state := "active"
-				if v.Paused {
-					state = "paused"
+			return a.withJobStores(cmd.Context(), func(ctx context.Context, jobs *kv.JobStore, st *kv.SchedulerStore) error {
+				list, bad, err := jobs.List(ctx)
+				if err != nil {
+					return err
 				}
-				rows = append(rows, []string{v.Name, v.Queue + "/" + v.Type, jobTrigger(v.Job), state,
-					jobWhenp(v.NextFire), jobWhenp(v.LastFired), strconv.Itoa(len(v.Running))})
-			}
-			return a.printTable([]string{"NAME", "QUEUE/TYPE", "TRIGGER", "STATE", "NEXT", "LAST FIRED", "RUNNING"}, rows)
+				states, err := st.States(ctx)
+				if err != nil {
+					return err
+				}
+				views := make([]jobView, 0, len(list))
+				for _, j := range list {
+					s := states[j.Name]
+					views = append(views, a.jobView(j, &s))
+				}
+				for key, err := range bad {
+					fmt.Fprintf(a.stderr, "gantry: job %s: %v\n", key, err)
+				}
+				if a.json {
+					return a.printJSON(views)
+				}
+				rows := make([][]string, 0, len(views))
+				for _, v := range views {
+					state := "active"
+					if v.Paused {
+						state = "paused"
+					}
+					rows = append(rows, []string{v.Name, v.Queue + "/" + v.Type, jobTrigger(v.Job), state,
+						jobWhenp(v.NextFire), jobWhenp(v.LastFired), strconv.Itoa(len(v.Running))})
+				}
+				return a.printTable([]string{"NAME", "QUEUE/TYPE", "TRIGGER", "STATE", "NEXT", "LAST FIRED", "RUNNING"}, rows)
+			})
 		},
 	}
 }
@@ -327,35 +325,31 @@ func (a *app) jobGetCommand() *cobra.Command {
 		Short: "Show one job (exit 4 if there is none of that name)",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			nc, jobs, st, err := a.jobStores(ctx)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			j, _, err := jobs.Get(ctx, args[0])
-			if err != nil {
-				return jobNotFound(err)
-			}
-			s, err := st.State(ctx, j.Name)
-			if err != nil {
-				return err
-			}
-			v := a.jobView(j, &s)
-			if a.json {
-				return a.printJSON(v)
-			}
-			payload := string(j.Payload)
-			rows := [][]string{
-				{"name", j.Name}, {"task", j.Queue + "/" + j.Type}, {"trigger", jobTrigger(j)},
-				{"timezone", cmp.Or(j.Timezone, "UTC")}, {"paused", strconv.FormatBool(j.Paused)},
-				{"windows", strings.Join(j.Windows, ", ")}, {"jitter", j.Jitter}, {"misfire", string(j.Misfire)},
-				{"overlap", string(j.Overlap)}, {"max per hour", strconv.Itoa(j.MaxPerHour)},
-				{"priority", strconv.Itoa(j.Priority)}, {"resource", j.Resource}, {"cooldown", j.Cooldown},
-				{"payload", payload}, {"description", j.Description}, {"next fire", jobWhenp(v.NextFire)},
-				{"last fired", jobWhenp(v.LastFired)}, {"running", strings.Join(v.Running, ", ")},
-			}
-			return a.printTable([]string{"FIELD", "VALUE"}, rows)
+			return a.withJobStores(cmd.Context(), func(ctx context.Context, jobs *kv.JobStore, st *kv.SchedulerStore) error {
+				j, _, err := jobs.Get(ctx, args[0])
+				if err != nil {
+					return jobNotFound(err)
+				}
+				s, err := st.State(ctx, j.Name)
+				if err != nil {
+					return err
+				}
+				v := a.jobView(j, &s)
+				if a.json {
+					return a.printJSON(v)
+				}
+				payload := string(j.Payload)
+				rows := [][]string{
+					{"name", j.Name}, {"task", j.Queue + "/" + j.Type}, {"trigger", jobTrigger(j)},
+					{"timezone", cmp.Or(j.Timezone, "UTC")}, {"paused", strconv.FormatBool(j.Paused)},
+					{"windows", strings.Join(j.Windows, ", ")}, {"jitter", j.Jitter}, {"misfire", string(j.Misfire)},
+					{"overlap", string(j.Overlap)}, {"max per hour", strconv.Itoa(j.MaxPerHour)},
+					{"priority", strconv.Itoa(j.Priority)}, {"resource", j.Resource}, {"cooldown", j.Cooldown},
+					{"payload", payload}, {"description", j.Description}, {"next fire", jobWhenp(v.NextFire)},
+					{"last fired", jobWhenp(v.LastFired)}, {"running", strings.Join(v.Running, ", ")},
+				}
+				return a.printTable([]string{"FIELD", "VALUE"}, rows)
+			})
 		},
 	}
 }
@@ -366,17 +360,13 @@ func (a *app) jobRmCommand() *cobra.Command {
 		Short: "Remove a job; it does not fire again",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			nc, jobs, _, err := a.jobStores(ctx)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			if err := jobs.Delete(ctx, args[0]); err != nil {
-				return jobNotFound(err)
-			}
-			fmt.Fprintf(a.stdout, "job %s removed\n", args[0])
-			return nil
+			return a.withJobStores(cmd.Context(), func(ctx context.Context, jobs *kv.JobStore, _ *kv.SchedulerStore) error {
+				if err := jobs.Delete(ctx, args[0]); err != nil {
+					return jobNotFound(err)
+				}
+				fmt.Fprintf(a.stdout, "job %s removed\n", args[0])
+				return nil
+			})
 		},
 	}
 }
@@ -391,25 +381,21 @@ func (a *app) jobPauseCommand(pause bool) *cobra.Command {
 		Short: short,
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			nc, jobs, _, err := a.jobStores(ctx)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			j, err := jobs.Modify(ctx, args[0], func(j *wire.Job) error {
-				j.Paused = pause
-				j.UpdatedAt = time.Now().UTC()
+			return a.withJobStores(cmd.Context(), func(ctx context.Context, jobs *kv.JobStore, _ *kv.SchedulerStore) error {
+				j, err := jobs.Modify(ctx, args[0], func(j *wire.Job) error {
+					j.Paused = pause
+					j.UpdatedAt = time.Now().UTC()
+					return nil
+				})
+				if err != nil {
+					return jobNotFound(err)
+				}
+				if a.json {
+					return a.printJSON(a.jobView(j, nil))
+				}
+				fmt.Fprintf(a.stdout, "job %s %s\n", j.Name, done)
 				return nil
 			})
-			if err != nil {
-				return jobNotFound(err)
-			}
-			if a.json {
-				return a.printJSON(a.jobView(j, nil))
-			}
-			fmt.Fprintf(a.stdout, "job %s %s\n", j.Name, done)
-			return nil
 		},
 	}
 }
@@ -465,33 +451,29 @@ func (a *app) jobRunsCommand() *cobra.Command {
 		Short: "Show a job's latest runs: planned, started, finished, state, attempts, error, machines",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			nc, jobs, st, err := a.jobStores(ctx)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			runs, err := st.Runs(ctx, args[0], limit)
-			if err != nil {
-				return err
-			}
-			if len(runs) == 0 {
-				if _, _, err := jobs.Get(ctx, args[0]); err != nil {
-					return jobNotFound(err)
+			return a.withJobStores(cmd.Context(), func(ctx context.Context, jobs *kv.JobStore, st *kv.SchedulerStore) error {
+				runs, err := st.Runs(ctx, args[0], limit)
+				if err != nil {
+					return err
 				}
-			}
-			if a.json {
-				if runs == nil {
-					runs = []wire.JobRun{}
+				if len(runs) == 0 {
+					if _, _, err := jobs.Get(ctx, args[0]); err != nil {
+						return jobNotFound(err)
+					}
 				}
-				return a.printJSON(runs)
-			}
-			rows := make([][]string, 0, len(runs))
-			for _, r := range runs {
-				rows = append(rows, []string{jobWhen(r.Planned), r.TaskID, r.Trigger, string(r.State),
-					jobWhenp(r.Started), jobWhenp(r.Finished), strconv.Itoa(r.Attempts), r.Machine, cmp.Or(r.RanOn, "-"), r.Error})
-			}
-			return a.printTable([]string{"PLANNED", "TASK", "TRIGGER", "STATE", "STARTED", "FINISHED", "ATTEMPTS", "FIRED BY", "RAN ON", "ERROR"}, rows)
+				if a.json {
+					if runs == nil {
+						runs = []wire.JobRun{}
+					}
+					return a.printJSON(runs)
+				}
+				rows := make([][]string, 0, len(runs))
+				for _, r := range runs {
+					rows = append(rows, []string{jobWhen(r.Planned), r.TaskID, r.Trigger, string(r.State),
+						jobWhenp(r.Started), jobWhenp(r.Finished), strconv.Itoa(r.Attempts), r.Machine, cmp.Or(r.RanOn, "-"), r.Error})
+				}
+				return a.printTable([]string{"PLANNED", "TASK", "TRIGGER", "STATE", "STARTED", "FINISHED", "ATTEMPTS", "FIRED BY", "RAN ON", "ERROR"}, rows)
+			})
 		},
 	}
 	cmd.Flags().IntVar(&limit, "limit", 20, "show the latest N runs (0: all kept)")
