@@ -17,6 +17,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/internal/lifecycle"
 )
 
 // Defaults of Config.
@@ -69,10 +70,9 @@ type Service struct {
 	js  jetstream.JetStream
 	log *slog.Logger
 
-	store    *Store
-	ready    chan struct{}
-	stop     chan struct{}
-	stopOnce sync.Once
+	store *Store
+	ready chan struct{}
+	stop  lifecycle.Stop
 
 	stored, malformed, writeErrors, expired atomic.Uint64
 }
@@ -111,7 +111,7 @@ func New(cfg Config, nc *nats.Conn) (*Service, error) {
 	}
 	return &Service{
 		cfg: cfg, nc: nc, js: js, log: cfg.Logger,
-		ready: make(chan struct{}), stop: make(chan struct{}),
+		ready: make(chan struct{}),
 	}, nil
 }
 
@@ -121,7 +121,7 @@ func (s *Service) Ready() <-chan struct{} { return s.ready }
 
 // Stop asks Run to finish the batch in hand and return. It is idempotent
 // and safe before Run or after it returned.
-func (s *Service) Stop() { s.stopOnce.Do(func() { close(s.stop) }) }
+func (s *Service) Stop() { s.stop.Stop() }
 
 // Stats returns the sink's counters.
 func (s *Service) Stats() wire.AuditStats {
@@ -164,7 +164,7 @@ func (s *Service) Run(ctx context.Context) error {
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		select {
 		case in <- m:
-		case <-s.stop:
+		case <-s.stop.Done():
 		case <-ctx.Done():
 		}
 	}, jetstream.PullMaxMessages(s.cfg.BatchSize), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -211,7 +211,7 @@ func (s *Service) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("create consumer %s on %s: %w", s.cfg.Consumer, wire.StreamAudit, err)
-		case <-s.stop:
+		case <-s.stop.Done():
 			return nil, nil
 		case <-time.After(time.Second):
 		}
@@ -226,7 +226,7 @@ func (s *Service) ingest(ctx context.Context, in <-chan jetstream.Msg) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-s.stop:
+		case <-s.stop.Done():
 			// Write what has arrived; the rest stays unacknowledged and
 			// is redelivered to the next run.
 			if batch = fill(in, batch); len(batch) > 0 {
@@ -302,7 +302,7 @@ func (s *Service) pause(ctx context.Context, d time.Duration) bool {
 	select {
 	case <-ctx.Done():
 		return false
-	case <-s.stop:
+	case <-s.stop.Done():
 		return false
 	case <-t.C():
 		return true

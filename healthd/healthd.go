@@ -18,6 +18,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/config"
+	"github.com/gantry-dev/gantry/internal/lifecycle"
 	"github.com/gantry-dev/gantry/kv"
 )
 
@@ -70,10 +71,9 @@ type Healthd struct {
 	routes map[string]*route
 	store  *kv.RouteStore
 
-	ready    chan struct{}
-	stop     chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
+	ready chan struct{}
+	stop  lifecycle.Stop
+	wg    sync.WaitGroup
 
 	// handlersMu guards closing: once Run has stopped, a probe request
 	// that arrives late starts no handler, so none runs past Run's end
@@ -146,7 +146,6 @@ func New(cfg Config, nc *nats.Conn, js jetstream.JetStream) (*Healthd, error) {
 		log:    cfg.Logger.With("component", "healthd"),
 		routes: routes,
 		ready:  make(chan struct{}),
-		stop:   make(chan struct{}),
 	}, nil
 }
 
@@ -156,21 +155,14 @@ func (h *Healthd) Ready() <-chan struct{} { return h.ready }
 
 // Stop asks Run to return. It is idempotent and safe before Run or after
 // it returned.
-func (h *Healthd) Stop() { h.stopOnce.Do(func() { close(h.stop) }) }
+func (h *Healthd) Stop() { h.stop.Stop() }
 
 // Run loads the routes' state, probes each route on its interval and
 // answers reports and probe requests until Stop or ctx ends. It returns nil
 // on a clean stop.
 func (h *Healthd) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := h.stop.Context(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-h.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	store, err := kv.NewRouteStore(ctx, h.js)
 	if err != nil {
 		return h.stopped(ctx, err)
@@ -393,7 +385,7 @@ func (h *Healthd) onReport(m *nats.Msg) {
 	rep.Kind = cmp.Or(rep.Kind, wire.KindOther)
 	select {
 	case r.reports <- rep:
-	case <-h.stop:
+	case <-h.stop.Done():
 	default:
 		h.log.Warn("route report dropped: route busy", "route_id", id)
 	}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,6 +15,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/internal/lifecycle"
 )
 
 // KeeperConfig configures a Keeper.
@@ -41,13 +41,12 @@ type KeeperConfig struct {
 // LEASED, RUNNING or COOLDOWN whose lease is gone, at start and whenever a
 // lease ends. It is an actor: Run blocks, Stop ends it.
 type Keeper struct {
-	leases   *Leases
-	res      *Resources
-	cfg      KeeperConfig
-	log      *slog.Logger
-	ready    chan struct{}
-	stop     chan struct{}
-	stopOnce sync.Once
+	leases *Leases
+	res    *Resources
+	cfg    KeeperConfig
+	log    *slog.Logger
+	ready  chan struct{}
+	stop   lifecycle.Stop
 }
 
 // NewKeeper returns a keeper working through js.
@@ -75,7 +74,7 @@ func NewKeeper(js jetstream.JetStream, cfg KeeperConfig) (*Keeper, error) {
 	}
 	return &Keeper{
 		leases: res.Leases(), res: res, cfg: cfg, log: cfg.Logger,
-		ready: make(chan struct{}), stop: make(chan struct{}),
+		ready: make(chan struct{}),
 	}, nil
 }
 
@@ -84,21 +83,14 @@ func NewKeeper(js jetstream.JetStream, cfg KeeperConfig) (*Keeper, error) {
 func (k *Keeper) Ready() <-chan struct{} { return k.ready }
 
 // Stop ends Run. It is idempotent and safe before Run or after it returns.
-func (k *Keeper) Stop() { k.stopOnce.Do(func() { close(k.stop) }) }
+func (k *Keeper) Stop() { k.stop.Stop() }
 
 // Run registers the config's resources, reclaims what needs it, then
 // follows the lease bucket until Stop or ctx ends. It returns nil on a
 // clean stop.
 func (k *Keeper) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := k.stop.Context(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-k.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	defer func() {
 		fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer fcancel()

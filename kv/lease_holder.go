@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/lifecycle"
 )
 
 // Holder holds a lease and renews it every TTL/3 until Release. Its Context
@@ -20,10 +21,9 @@ type Holder struct {
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	stop   chan struct{}
+	stop   lifecycle.Stop
 	done   chan struct{}
 
-	stopOnce sync.Once
 	mu       sync.Mutex
 	lease    wire.Lease
 	released bool
@@ -47,8 +47,7 @@ func (l *Leases) Hold(ctx context.Context, resource, owner string, ttl time.Dura
 func (l *Leases) hold(ctx context.Context, lease wire.Lease, ttl time.Duration) *Holder {
 	hctx, cancel := context.WithCancelCause(ctx)
 	h := &Holder{
-		l: l, ttl: ttl, ctx: hctx, cancel: cancel, lease: lease,
-		stop: make(chan struct{}), done: make(chan struct{}),
+		l: l, ttl: ttl, ctx: hctx, cancel: cancel, lease: lease, done: make(chan struct{}),
 	}
 	go h.renewLoop()
 	return h
@@ -86,7 +85,7 @@ func (h *Holder) renewLoop() {
 	defer t.Stop()
 	for {
 		select {
-		case <-h.stop:
+		case <-h.stop.Done():
 			return
 		case <-h.ctx.Done():
 			return
@@ -131,7 +130,7 @@ func (h *Holder) renewLoop() {
 
 // stopRenewing ends the renewals and waits for the loop to return.
 func (h *Holder) stopRenewing() {
-	h.stopOnce.Do(func() { close(h.stop) })
+	h.stop.Stop()
 	<-h.done
 }
 

@@ -202,7 +202,7 @@ func (r *runner) loop(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-r.s.stop:
+		case <-r.s.stop.Done():
 			return nil
 		case e, ok := <-r.watch.Updates():
 			if !ok {

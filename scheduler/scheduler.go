@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/internal/lifecycle"
 	"github.com/gantry-dev/gantry/kv"
 )
 
@@ -66,12 +66,11 @@ type Scheduler struct {
 	audit *audit.Emitter
 	host  string
 
-	stop     chan struct{}
-	stopOnce sync.Once
-	ready    chan struct{}
-	running  atomic.Bool
-	leading  atomic.Bool
-	term     atomic.Uint64
+	stop    lifecycle.Stop
+	ready   chan struct{}
+	running atomic.Bool
+	leading atomic.Bool
+	term    atomic.Uint64
 	// validUntil (unix ns, real time) is when the leader lease lapses
 	// unless renewed.
 	validUntil atomic.Int64
@@ -118,7 +117,6 @@ func New(cfg Config, js jetstream.JetStream) (*Scheduler, error) {
 		clock: cfg.Clock,
 		audit: audit.NewEmitter(js, "scheduler", cfg.Clock),
 		host:  host,
-		stop:  make(chan struct{}),
 		ready: make(chan struct{}),
 	}, nil
 }
@@ -136,7 +134,7 @@ func (s *Scheduler) Leading() (bool, uint64) { return s.leading.Load(), s.term.L
 
 // Stop asks Run to resign leadership and return. It is idempotent and safe
 // before Run or after it has returned.
-func (s *Scheduler) Stop() { s.stopOnce.Do(func() { close(s.stop) }) }
+func (s *Scheduler) Stop() { s.stop.Stop() }
 
 // Run watches the jobs, takes part in the leader election and, while it
 // leads, fires jobs. It returns nil after Stop or when ctx ends.
@@ -145,7 +143,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		return errors.New("scheduler: Run called twice")
 	}
 	select {
-	case <-s.stop:
+	case <-s.stop.Done():
 		return nil
 	default:
 	}

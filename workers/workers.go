@@ -14,6 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/internal/lifecycle"
 	"github.com/gantry-dev/gantry/kv"
 )
 
@@ -51,9 +52,8 @@ type Workers struct {
 	// idle runners leave.
 	quit chan struct{}
 
-	ready    chan struct{}
-	stop     chan struct{}
-	stopOnce sync.Once
+	ready chan struct{}
+	stop  lifecycle.Stop
 }
 
 // job is one delivered message for a runner.
@@ -99,7 +99,6 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		idle:     make(chan job),
 		quit:     make(chan struct{}),
 		ready:    make(chan struct{}),
-		stop:     make(chan struct{}),
 	}
 	w.pipe = newPipeline(nc, ackTimeout, maxPendingWrites, w.writeFailed)
 	w.handlers["noop"] = HandlerFunc(w.runNoop)
@@ -135,7 +134,7 @@ func (w *Workers) Ready() <-chan struct{} { return w.ready }
 
 // Stop asks Run to stop taking tasks and to return once the running tasks
 // have ended. It is idempotent and safe before Run or after it returns.
-func (w *Workers) Stop() { w.stopOnce.Do(func() { close(w.stop) }) }
+func (w *Workers) Stop() { w.stop.Stop() }
 
 // specs lists the consumers of the configuration.
 func (w *Workers) specs() []*spec {
@@ -199,7 +198,7 @@ func (w *Workers) consumerConfig(sp *spec) jetstream.ConsumerConfig {
 // returns nil on a clean stop.
 func (w *Workers) Run(ctx context.Context) error {
 	select {
-	case <-w.stop:
+	case <-w.stop.Done():
 		return nil
 	default:
 	}
@@ -278,7 +277,7 @@ func (w *Workers) Run(ctx context.Context) error {
 	close(w.ready)
 
 	select {
-	case <-w.stop:
+	case <-w.stop.Done():
 	case <-ctx.Done():
 	}
 	w.cmu.Lock()
