@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -55,6 +56,9 @@ func (c *clientFlags) options(name string) []nats.Option {
 // connect opens a client connection to the server the flags name.
 func (c *clientFlags) connect(name string, extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
 	nc, err := nats.Connect(c.server, append(c.options(name), extra...)...)
+	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) {
+		return nil, nil, fmt.Errorf("connect to %s: %w (the server needs credentials: pass --user and --password, or --creds)", c.server, err)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to %s: %w (is gantry running? start it with 'gantry run', or point --server at it)", c.server, err)
 	}

@@ -6,6 +6,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -97,5 +99,24 @@ func TestBrokerCommandRestartKeepsData(t *testing.T) {
 	e, err := kv.Get(ctx, "cam1")
 	if err != nil || !strings.EqualFold(string(e.Value()), "kept") {
 		t.Errorf("cam1 after restart = %v, %v; want kept", e, err)
+	}
+}
+
+// TestRunWithAuth: with auth.users every component still connects (in
+// process, as the internal user), and a client needs the credentials.
+func TestRunWithAuth(t *testing.T) {
+	t.Parallel()
+	cfg := filepath.Join(t.TempDir(), "gantry.yaml")
+	if err := os.WriteFile(cfg, []byte("auth:\n  users:\n    - {user: ops, password: s3cret-pass}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, ready := startGantry(t, "run", "--config", cfg, "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
+	code, _, stderr := runInProcess(t, "task", "ls", "--server", ready.NATS)
+	if code != exitFailure || !strings.Contains(stderr, "--user and --password") {
+		t.Errorf("task ls without credentials = exit %d, %q; want exit 1 asking for --user and --password", code, stderr)
+	}
+	code, _, stderr = runInProcess(t, "submit", "noop", "--wait", "--server", ready.NATS, "--user", "ops", "--password", "s3cret-pass")
+	if code != exitOK {
+		t.Errorf("submit --wait with credentials = exit %d (%s), want 0: the workers must run under auth", code, stderr)
 	}
 }
