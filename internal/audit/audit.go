@@ -81,7 +81,7 @@ func (e *Emitter) EmitAsync(ev wire.Event) (jetstream.PubAckFuture, error) {
 
 func (e *Emitter) message(ev *wire.Event) (*nats.Msg, error) {
 	e.Stamp(ev)
-	data, err := json.Marshal(ev)
+	data, err := wire.EncodeEvent(ev)
 	if err != nil {
 		return nil, fmt.Errorf("encode audit event %s: %w", ev.Type, err)
 	}
