@@ -130,34 +130,12 @@ func BenchmarkEndToEnd(b *testing.B) {
 	} {
 		conc := tc.conc
 		b.Run("gantry-noop/"+tc.name, func(b *testing.B) {
-			env := brokertest.Start(b)
-			nc, _ := brokertest.Connect(b, env.URL)
-			w, err := New(Config{Queues: []Queue{{Name: "bench", Concurrency: conc}}, Logger: env.Log}, nc)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- w.Run(ctx) }()
-			defer func() {
-				w.Stop()
-				<-done
-				cancel()
-			}()
-			<-w.Ready()
-			var finished atomic.Int64
-			snc, _ := brokertest.Connect(b, env.URL)
-			sub, err := snc.Subscribe(wire.EventTaskFinished.Subject(), func(*nats.Msg) { finished.Add(1) })
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer func() { _ = sub.Unsubscribe() }()
-			_ = sub.SetPendingLimits(-1, -1)
+			env, finished := startBenchWorkers(b, conc)
 			_, pjs := brokertest.Connect(b, env.URL)
 			b.ResetTimer()
 			start := time.Now()
 			publishAll(b, pjs, wire.TaskSubject("bench", "noop"), b.N, tc.hdr...)
-			waitCount(b, &finished, int64(b.N))
+			waitCount(b, finished, int64(b.N))
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tasks/s")
 		})
 	}
@@ -194,29 +172,7 @@ func BenchmarkRatio(b *testing.B) {
 	_, rawPub := brokertest.Connect(b, rawEnv.URL)
 
 	// gantry: workers, and a subscriber counting TASK_FINISHED.
-	env := brokertest.Start(b)
-	nc, _ := brokertest.Connect(b, env.URL)
-	w, err := New(Config{Queues: []Queue{{Name: "bench", Concurrency: 256}}, Logger: env.Log}, nc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	defer func() {
-		w.Stop()
-		<-done
-		cancel()
-	}()
-	<-w.Ready()
-	var finished atomic.Int64
-	snc, _ := brokertest.Connect(b, env.URL)
-	sub, err := snc.Subscribe(wire.EventTaskFinished.Subject(), func(*nats.Msg) { finished.Add(1) })
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	_ = sub.SetPendingLimits(-1, -1)
+	env, finished := startBenchWorkers(b, 256)
 	_, pub := brokertest.Connect(b, env.URL)
 
 	const chunk = 2000
@@ -231,7 +187,7 @@ func BenchmarkRatio(b *testing.B) {
 		rawTime += time.Since(start)
 		start = time.Now()
 		publishAll(b, pub, wire.TaskSubject("bench", "noop"), n)
-		waitCount(b, &finished, int64(total-left+n))
+		waitCount(b, finished, int64(total-left+n))
 		gantryTime += time.Since(start)
 	}
 	raw := float64(total) / rawTime.Seconds()
@@ -239,4 +195,34 @@ func BenchmarkRatio(b *testing.B) {
 	b.ReportMetric(raw, "raw-msgs/s")
 	b.ReportMetric(gantry, "gantry-tasks/s")
 	b.ReportMetric(100*gantry/raw, "%-of-raw")
+}
+
+// startBenchWorkers starts a broker and workers on queue "bench" with conc
+// concurrency, stopped by b.Cleanup, and counts the TASK_FINISHED events.
+func startBenchWorkers(b *testing.B, conc int) (*brokertest.Env, *atomic.Int64) {
+	b.Helper()
+	env := brokertest.Start(b)
+	nc, _ := brokertest.Connect(b, env.URL)
+	w, err := New(Config{Queues: []Queue{{Name: "bench", Concurrency: conc}}, Logger: env.Log}, nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	b.Cleanup(func() {
+		w.Stop()
+		<-done
+		cancel()
+	})
+	<-w.Ready()
+	finished := new(atomic.Int64)
+	snc, _ := brokertest.Connect(b, env.URL)
+	sub, err := snc.Subscribe(wire.EventTaskFinished.Subject(), func(*nats.Msg) { finished.Add(1) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = sub.Unsubscribe() })
+	_ = sub.SetPendingLimits(-1, -1)
+	return env, finished
 }
