@@ -31,8 +31,8 @@ func Streams(pc ProvisionConfig) []jetstream.StreamConfig {
 	return []jetstream.StreamConfig{
 		{
 			Name:        wire.StreamTasks,
-			Description: "gantry tasks: gantry.tasks.<queue>.<type>",
-			Subjects:    []string{wire.SubjectTasksAll},
+			Description: "gantry tasks: gantry.tasks.<queue>.<type>, sorted by priority to gantry.ready.<queue>.<type>",
+			Subjects:    []string{wire.SubjectTasksAll, wire.SubjectReadyAll},
 			Retention:   jetstream.WorkQueuePolicy,
 			Storage:     jetstream.FileStorage,
 			Replicas:    pc.Replicas,

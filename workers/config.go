@@ -93,6 +93,17 @@ type Queue struct {
 	// has a Concurrency gets one consumer per listed type instead of one
 	// for the whole queue, and then runs only the types listed.
 	Types map[string]Type
+	// Prioritized makes waiting tasks start highest priority first (equal
+	// priorities in the order published) instead of in the order
+	// published. A sorter moves the queue's tasks from
+	// gantry.tasks.<queue>.> to gantry.ready.<queue>.<type>, keeping just a
+	// few ahead of the workers; it costs one more stored message per task.
+	// Every worker of a queue must agree on it.
+	Prioritized bool
+	// PriorityWindow bounds the waiting tasks a prioritized queue sorts:
+	// the oldest PriorityWindow are held and ordered, later ones wait in
+	// publish order behind them. Defaults to 1000.
+	PriorityWindow int
 }
 
 // Type is the setting of one task type in a queue.
@@ -203,6 +214,10 @@ func (c Config) withDefaults() (Config, error) {
 		}
 		if q.Concurrency < 1 {
 			return c, fmt.Errorf("queue %s: concurrency %d: want at least 1", q.Name, q.Concurrency)
+		}
+		q.PriorityWindow = cmp.Or(q.PriorityWindow, 1000)
+		if q.PriorityWindow < 1 {
+			return c, fmt.Errorf("queue %s: priority window %d: want at least 1", q.Name, q.PriorityWindow)
 		}
 		for typ, t := range q.Types {
 			if !wire.ValidToken(typ) {

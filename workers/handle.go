@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
@@ -33,6 +36,22 @@ func taskID(t wire.Task, msgID string, ts time.Time, seq uint64) string {
 	_ = u.SetTime(ulid.Timestamp(ts))
 	_ = u.SetEntropy(entropy[:])
 	return u.String()
+}
+
+// origin is what a task message tells of where the task came from: the
+// header that may name it, when it was first stored and at which stream
+// sequence. A message a prioritized queue's sorter moved to gantry.ready
+// carries those of the original on gantry.tasks.
+func origin(subject string, h nats.Header, ts time.Time, seq uint64) (msgID string, created time.Time, intakeSeq uint64, sorted bool) {
+	if !strings.HasPrefix(subject, wire.SubjectReadyPrefix+".") || h.Get(wire.HeaderTaskID) == "" {
+		return h.Get(jetstream.MsgIDHeader), ts, seq, false
+	}
+	created, err := time.Parse(time.RFC3339Nano, h.Get(wire.HeaderIntakeTime))
+	if err != nil {
+		created = ts
+	}
+	intakeSeq, _ = strconv.ParseUint(h.Get(wire.HeaderIntakeSeq), 10, 64)
+	return h.Get(wire.HeaderTaskID), created, intakeSeq, true
 }
 
 // The payloads of the events every task emits, as structs: a map costs an
@@ -84,6 +103,9 @@ func (w *Workers) process(ctx context.Context, sp *spec, m jetstream.Msg) {
 		_ = m.Term()
 		return
 	}
+	if s := w.sorters[sp.queue.Name]; s != nil {
+		s.delivered(sp, meta.NumPending)
+	}
 	d := &delivery{w: w, msg: m, meta: meta, sp: sp}
 	d.run(ctx)
 }
@@ -97,10 +119,11 @@ func (d *delivery) run(ctx context.Context) {
 	}
 	task, decErr := DecodeTask(m.Data(), w.cfg.MaxPayload)
 	d.task = task
-	id := taskID(task, m.Headers().Get(jetstream.MsgIDHeader), meta.Timestamp, meta.Sequence.Stream)
+	msgID, created, intakeSeq, sorted := origin(m.Subject(), m.Headers(), meta.Timestamp, meta.Sequence.Stream)
+	id := taskID(task, msgID, created, intakeSeq)
 	d.rec = wire.TaskRecord{
 		TaskInfo: wire.TaskInfo{ID: id, Type: typ, Queue: queue, State: wire.TaskWaiting,
-			Resource: task.Resource, CreatedAt: meta.Timestamp, UpdatedAt: now},
+			Resource: task.Resource, CreatedAt: created, UpdatedAt: now},
 		Deliveries: int(meta.NumDelivered), MaxAttempts: task.MaxAttempts, Priority: task.Priority,
 		Key: task.Key, NotBefore: task.NotBefore, Seq: meta.Sequence.Stream, Worker: w.cfg.Name,
 	}
@@ -121,8 +144,9 @@ func (d *delivery) run(ctx context.Context) {
 	d.pol.Timeout = min(d.pol.Timeout, d.pol.MaxRuntime)
 	d.rec.MaxAttempts = d.pol.MaxAttempts
 
-	// A redelivery: what happened before is in the task's record.
-	if meta.NumDelivered > 1 {
+	// A redelivery: what happened before is in the task's record. A sorted
+	// task may have been cancelled while it waited for its turn.
+	if meta.NumDelivered > 1 || sorted {
 		prev, _, err := w.tasks.Get(ctx, id)
 		switch {
 		case errors.Is(err, kv.ErrTaskNotFound):
@@ -130,7 +154,7 @@ func (d *delivery) run(ctx context.Context) {
 			w.log.Warn("read task state", "task_id", id, "err", err)
 			d.nak(time.Second)
 			return
-		case prev.Seq == 0 || prev.Seq == meta.Sequence.Stream:
+		case prev.Seq == 0 || prev.Seq == meta.Sequence.Stream || (sorted && prev.Seq == intakeSeq):
 			d.rec.CreatedAt = prev.CreatedAt
 			d.rec.Delays = prev.Delays
 			d.rec.LastError = prev.LastError
@@ -419,7 +443,26 @@ func (d *delivery) reject(ctx context.Context, reason error) {
 }
 
 func (d *delivery) stored() *wire.StoredMessage {
-	return &wire.StoredMessage{Subject: d.msg.Subject(), Header: d.msg.Headers(), Data: d.msg.Data()}
+	return asPublished(d.msg.Subject(), d.msg.Headers(), d.msg.Data())
+}
+
+// asPublished is a task message as its publisher sent it: one a sorter
+// moved to gantry.ready goes back to gantry.tasks without the sorter's
+// headers, so that a retry is sorted again.
+func asPublished(subject string, h nats.Header, data []byte) *wire.StoredMessage {
+	queue, typ, err := wire.ParseTaskSubject(subject)
+	if err != nil || !strings.HasPrefix(subject, wire.SubjectReadyPrefix+".") {
+		return &wire.StoredMessage{Subject: subject, Header: h, Data: data}
+	}
+	orig := nats.Header{}
+	for k, v := range h {
+		switch k {
+		case wire.HeaderTaskID, wire.HeaderIntakeSeq, wire.HeaderIntakeTime, jetstream.MsgIDHeader:
+		default:
+			orig[k] = v
+		}
+	}
+	return &wire.StoredMessage{Subject: wire.TaskSubject(queue, typ), Header: orig, Data: data}
 }
 
 // write stores the record and returns once the bucket has it.

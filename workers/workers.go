@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -46,6 +47,10 @@ type Workers struct {
 	idle    chan job
 	runners sync.WaitGroup
 
+	// sorters order the prioritized queues, by queue name; set before the
+	// consumers start, read-only after.
+	sorters map[string]*sorter
+
 	// pipe publishes the hot path's audit events and task records.
 	pipe *pipeline
 	// quit is closed when Run returns: the pipeline flushes and stops,
@@ -64,10 +69,14 @@ type job struct {
 
 // spec is one consumer: a queue, or a type of a queue.
 type spec struct {
-	queue       *Queue
-	typ         string
-	name        string
-	subject     string
+	queue   *Queue
+	typ     string
+	name    string
+	subject string
+	// leftover is the subject of tasks a sorter moved before the queue
+	// stopped being prioritized; the consumer of a FIFO queue takes them
+	// too while there are any.
+	leftover    string
 	concurrency int
 	// backOff is the consumer's BackOff: the ack deadline of delivery n
 	// is backOff[min(n, len)-1].
@@ -147,9 +156,13 @@ func (w *Workers) specs() []*spec {
 				split = true
 			}
 		}
+		prefix, name := wire.SubjectTasksPrefix, "gantry-workers-"+q.Name
+		if q.Prioritized {
+			prefix, name = wire.SubjectReadyPrefix, "gantry-ready-"+q.Name
+		}
 		if !split {
-			out = append(out, &spec{queue: q, name: "gantry-workers-" + q.Name,
-				subject: wire.SubjectTasksPrefix + "." + q.Name + ".>", concurrency: q.Concurrency,
+			out = append(out, &spec{queue: q, name: name,
+				subject: prefix + "." + q.Name + ".>", concurrency: q.Concurrency,
 				backOff: backOffs(q.AckWait, w.cfg.MaxDeliver)})
 			continue
 		}
@@ -158,8 +171,8 @@ func (w *Workers) specs() []*spec {
 			if conc == 0 {
 				conc = q.Concurrency
 			}
-			out = append(out, &spec{queue: q, typ: typ, name: "gantry-workers-" + q.Name + "-" + typ,
-				subject: wire.TaskSubject(q.Name, typ), concurrency: conc, backOff: backOffs(q.AckWait, w.cfg.MaxDeliver)})
+			out = append(out, &spec{queue: q, typ: typ, name: name + "-" + typ,
+				subject: prefix + "." + q.Name + "." + typ, concurrency: conc, backOff: backOffs(q.AckWait, w.cfg.MaxDeliver)})
 		}
 	}
 	return out
@@ -178,7 +191,7 @@ func backOffs(ackWait time.Duration, maxDeliver int) []time.Duration {
 // consumerConfig is the durable consumer of one spec.
 func (w *Workers) consumerConfig(sp *spec) jetstream.ConsumerConfig {
 	ackWait := sp.queue.AckWait
-	return jetstream.ConsumerConfig{
+	cfg := jetstream.ConsumerConfig{
 		Durable:       sp.name,
 		Description:   "gantry workers: " + sp.subject,
 		FilterSubject: sp.subject,
@@ -190,6 +203,10 @@ func (w *Workers) consumerConfig(sp *spec) jetstream.ConsumerConfig {
 		MaxAckPending: sp.concurrency,
 		MaxWaiting:    512,
 	}
+	if sp.leftover != "" {
+		cfg.FilterSubject, cfg.FilterSubjects = "", []string{sp.subject, sp.leftover}
+	}
+	return cfg
 }
 
 // Run opens the stores, creates the consumers and runs tasks until Stop
@@ -247,7 +264,11 @@ func (w *Workers) Run(ctx context.Context) error {
 			cc.Stop()
 		}
 	}()
-	for _, sp := range w.specs() {
+	specs := w.specs()
+	if err := w.prepareConsumers(ctx, stream, specs); err != nil {
+		return err
+	}
+	for _, sp := range specs {
 		advSubj := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + wire.StreamTasks + "." + sp.name
 		adv, err := w.nc.QueueSubscribe(advSubj, "gantry-workers", func(m *nats.Msg) { w.maxDeliveries(ctx, stream, m.Data) })
 		if err != nil {
@@ -257,6 +278,9 @@ func (w *Workers) Run(ctx context.Context) error {
 		cons, err := w.js.CreateOrUpdateConsumer(ctx, wire.StreamTasks, w.consumerConfig(sp))
 		if err != nil {
 			return fmt.Errorf("consumer %s: %w", sp.name, err)
+		}
+		if s := w.sorters[sp.queue.Name]; s != nil {
+			s.lanes[sp.typ].cons = cons
 		}
 		if len(sp.queue.Types) > 0 && sp.typ == "" {
 			w.log.Debug("queue types set without concurrency; one consumer for the queue", "queue", sp.queue.Name)
@@ -274,6 +298,24 @@ func (w *Workers) Run(ctx context.Context) error {
 		ccs = append(ccs, cc)
 		w.log.Info("consuming", "consumer", sp.name, "subject", sp.subject, "concurrency", sp.concurrency, "ack_wait", sp.queue.AckWait)
 	}
+	// The sorters start once their lanes are consumed: they read the
+	// lanes' pending counts.
+	var sorting sync.WaitGroup
+	sortingStop := make(chan struct{})
+	stopSorting := sync.OnceFunc(func() {
+		close(sortingStop)
+		sorting.Wait()
+	})
+	defer stopSorting()
+	for _, s := range w.sorters {
+		cc, err := s.start(ctx)
+		if err != nil {
+			return err
+		}
+		ccs = append(ccs, cc)
+		sorting.Go(func() { s.run(ctx, sortingStop) })
+		w.log.Info("sorting by priority", "consumer", s.name, "queue", s.queue.Name, "window", s.queue.PriorityWindow)
+	}
 	close(w.ready)
 
 	select {
@@ -286,6 +328,7 @@ func (w *Workers) Run(ctx context.Context) error {
 	for _, cc := range ccs {
 		cc.Stop()
 	}
+	stopSorting()
 	done := make(chan struct{})
 	go func() {
 		w.inflight.Wait()
@@ -307,6 +350,70 @@ func (w *Workers) Run(ctx context.Context) error {
 		w.log.Warn("flush on stop", "err", err)
 	}
 	return nil
+}
+
+// prepareConsumers makes the sorters of the prioritized queues and removes
+// the consumers a queue had under other settings: when a queue becomes
+// prioritized or stops being so, or its type limits change, its old
+// consumers would overlap the new ones, and a new consumer starts from the
+// first task of the stream, so none is skipped. A FIFO queue that was
+// prioritized also takes the tasks already sorted.
+func (w *Workers) prepareConsumers(ctx context.Context, stream jetstream.Stream, specs []*spec) error {
+	w.sorters = map[string]*sorter{}
+	want := map[string]bool{}
+	for _, sp := range specs {
+		want[sp.name] = true
+	}
+	for i := range w.cfg.Queues {
+		if q := &w.cfg.Queues[i]; q.Prioritized {
+			w.sorters[q.Name] = newSorter(w, q, specs)
+			want[sorterName(q.Name)] = true
+		}
+	}
+	lister := stream.ListConsumers(ctx)
+	var stale []*jetstream.ConsumerInfo
+	for info := range lister.Info() {
+		if !want[info.Name] && w.ownQueue(info.Config) != "" {
+			stale = append(stale, info)
+		}
+	}
+	if err := lister.Err(); err != nil {
+		return fmt.Errorf("list consumers: %w", err)
+	}
+	for _, info := range stale {
+		if err := stream.DeleteConsumer(ctx, info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("remove consumer %s: %w", info.Name, err)
+		}
+		w.log.Warn("removed a consumer of the queue's former settings; every worker of a queue must agree on them",
+			"queue", w.ownQueue(info.Config), "consumer", info.Name)
+	}
+	for _, sp := range specs {
+		if sp.queue.Prioritized {
+			continue
+		}
+		leftover := wire.SubjectReadyPrefix + strings.TrimPrefix(sp.subject, wire.SubjectTasksPrefix)
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(leftover))
+		if err != nil {
+			return fmt.Errorf("look for sorted tasks of queue %s: %w", sp.queue.Name, err)
+		}
+		if len(info.State.Subjects) > 0 {
+			sp.leftover = leftover
+		}
+	}
+	return nil
+}
+
+// ownQueue returns the configured queue whose tasks a consumer with cfg
+// takes, or "".
+func (w *Workers) ownQueue(cfg jetstream.ConsumerConfig) string {
+	for _, f := range append([]string{cfg.FilterSubject}, cfg.FilterSubjects...) {
+		for _, q := range w.cfg.Queues {
+			if strings.HasPrefix(f, wire.SubjectTasksPrefix+"."+q.Name+".") || strings.HasPrefix(f, wire.SubjectReadyPrefix+"."+q.Name+".") {
+				return q.Name
+			}
+		}
+	}
+	return ""
 }
 
 // dispatch hands one delivered message to an idle runner, or to a new one
@@ -486,8 +593,9 @@ func (w *Workers) maxDeliveries(ctx context.Context, stream jetstream.Stream, da
 	}
 	queue, typ, _ := wire.ParseTaskSubject(raw.Subject)
 	t, derr := DecodeTask(raw.Data, 0)
-	id := taskID(t, raw.Header.Get(jetstream.MsgIDHeader), raw.Time, adv.StreamSeq)
-	rec := wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: id, Type: typ, Queue: queue, Resource: t.Resource, CreatedAt: raw.Time}}
+	msgID, created, intakeSeq, _ := origin(raw.Subject, raw.Header, raw.Time, adv.StreamSeq)
+	id := taskID(t, msgID, created, intakeSeq)
+	rec := wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: id, Type: typ, Queue: queue, Resource: t.Resource, CreatedAt: created}}
 	if prev, _, err := w.tasks.Get(ctx, id); err == nil {
 		rec = prev
 	}
@@ -502,7 +610,7 @@ func (w *Workers) maxDeliveries(ctx context.Context, stream jetstream.Stream, da
 		msg += "; last error: " + rec.LastError
 	}
 	rec.LastError = msg
-	rec.Message = &wire.StoredMessage{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}
+	rec.Message = asPublished(raw.Subject, raw.Header, raw.Data)
 	w.needsReviewRecord(ctx, rec)
 	if err := stream.DeleteMsg(ctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		w.log.Error("delete task at max deliveries", "task_id", rec.ID, "seq", adv.StreamSeq, "err", err)

@@ -47,6 +47,13 @@ const (
 	// SubjectTasksAll matches every task of every queue and type.
 	SubjectTasksAll = SubjectTasksPrefix + ".>"
 
+	// SubjectReadyPrefix prefixes the subjects a prioritized queue's sorter
+	// moves tasks to, highest priority first: gantry.ready.<queue>.<type>.
+	// They are in StreamTasks too; the queue's workers consume them.
+	SubjectReadyPrefix = "gantry.ready"
+	// SubjectReadyAll matches every sorted task.
+	SubjectReadyAll = SubjectReadyPrefix + ".>"
+
 	// SubjectAuditPrefix prefixes every audit event subject:
 	// gantry.audit.<kind>.<verb>.
 	SubjectAuditPrefix = "gantry.audit"
@@ -80,10 +87,19 @@ func TaskSubject(queue, typ string) string {
 	return SubjectTasksPrefix + "." + queue + "." + typ
 }
 
-// ParseTaskSubject splits gantry.tasks.<queue>.<type> into its queue and
-// type.
+// ReadySubject returns the subject a prioritized queue's sorter moves a
+// task of type typ to.
+func ReadySubject(queue, typ string) string {
+	return SubjectReadyPrefix + "." + queue + "." + typ
+}
+
+// ParseTaskSubject splits gantry.tasks.<queue>.<type>, or the sorted
+// gantry.ready.<queue>.<type>, into its queue and type.
 func ParseTaskSubject(subject string) (queue, typ string, err error) {
 	rest, ok := strings.CutPrefix(subject, SubjectTasksPrefix+".")
+	if !ok {
+		rest, ok = strings.CutPrefix(subject, SubjectReadyPrefix+".")
+	}
 	if !ok {
 		return "", "", fmt.Errorf("subject %q is not a task subject (%s.<queue>.<type>)", subject, SubjectTasksPrefix)
 	}

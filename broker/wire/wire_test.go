@@ -78,6 +78,9 @@ func TestTaskSubject(t *testing.T) {
 	if got, want := TaskSubject("", "exec"), "gantry.tasks.default.exec"; got != want {
 		t.Errorf("TaskSubject = %q, want %q", got, want)
 	}
+	if got, want := ReadySubject("urgent", "exec"), "gantry.ready.urgent.exec"; got != want {
+		t.Errorf("ReadySubject = %q, want %q", got, want)
+	}
 	for _, tc := range []struct {
 		subject, queue, typ string
 		ok                  bool
@@ -86,6 +89,8 @@ func TestTaskSubject(t *testing.T) {
 		{"gantry.tasks.q1.my-type", "q1", "my-type", true},
 		{"gantry.tasks.default", "", "", false},
 		{"gantry.tasks.a.b.c", "", "", false},
+		{"gantry.ready.urgent.exec", "urgent", "exec", true},
+		{"gantry.ready.urgent", "", "", false},
 		{"gantry.audit.task.created", "", "", false},
 	} {
 		q, typ, err := ParseTaskSubject(tc.subject)

@@ -94,6 +94,16 @@ const (
 	// HeaderCreated on a task message says its publisher has already
 	// emitted TASK_CREATED (`gantry submit` does), so workers do not.
 	HeaderCreated = "Gantry-Created"
+	// HeaderTaskID on a sorted task message is the id the task got when it
+	// was published (its body's id, its Nats-Msg-Id or one made from its
+	// sequence), so it keeps it on gantry.ready.
+	HeaderTaskID = "Gantry-Task-Id"
+	// HeaderIntakeSeq on a sorted task message is the stream sequence the
+	// task was first stored at, on gantry.tasks.
+	HeaderIntakeSeq = "Gantry-Intake-Seq"
+	// HeaderIntakeTime on a sorted task message is when the task was first
+	// stored (RFC 3339, nanoseconds): its created_at.
+	HeaderIntakeTime = "Gantry-Intake-Time"
 )
 
 // The error classes of HeaderErrorClass.

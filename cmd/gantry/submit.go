@@ -54,7 +54,7 @@ Bad input (type, payload, timeout, time) exits 2.`,
 	fl.StringVar(&f.key, "key", "", "deduplication key: a second task with the same key is not run")
 	fl.IntVar(&f.maxAttempts, "max-attempts", 0, "attempts before NEEDS_REVIEW (0: the queue's default)")
 	fl.StringVar(&f.timeout, "timeout", "", "timeout of one attempt, e.g. 30s (default: the worker's)")
-	fl.IntVar(&f.priority, "priority", 0, "priority, recorded with the task")
+	fl.IntVar(&f.priority, "priority", 0, "priority: on a queue run with --prioritize, higher starts first")
 	fl.StringVar(&f.notBefore, "not-before", "", "do not start before this RFC 3339 time")
 	fl.BoolVar(&f.wait, "wait", false, "wait for the task to end; exit 0 if it SUCCEEDED, 1 otherwise")
 	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "give up waiting after this long (0: wait until the end)")

@@ -194,6 +194,10 @@ func TestWorkerFlags(t *testing.T) {
 	if mail := cfg.Queues[1].Types["mail"]; mail.Concurrency != 0 || mail.Policy.Delay != 10*time.Second {
 		t.Errorf("mail = %+v, want delay 10s", mail)
 	}
+	f.prioritize, f.window = []string{"batch"}, 50
+	if cfg, err = f.config(brokertest.Logger(t)); err != nil || cfg.Queues[0].Prioritized || !cfg.Queues[1].Prioritized || cfg.Queues[1].PriorityWindow != 50 {
+		t.Errorf("--prioritize batch --priority-window 50 = %+v, %v; want batch prioritized, window 50", cfg.Queues, err)
+	}
 	for _, bad := range []func(*workerFlags){
 		func(f *workerFlags) { f.queues = []string{"a.b"} },
 		func(f *workerFlags) { f.queues = []string{"a=0"} },
@@ -202,6 +206,8 @@ func TestWorkerFlags(t *testing.T) {
 		func(f *workerFlags) { f.typePolicy = []string{"x:timeout=soon"} },
 		func(f *workerFlags) { f.typePolicy = []string{"max_attempts=3"} },
 		func(f *workerFlags) { f.ackWait = time.Millisecond },
+		func(f *workerFlags) { f.prioritize = []string{"nope"} },
+		func(f *workerFlags) { f.window = 0 },
 	} {
 		f := defaultWorkerFlags()
 		bad(f)

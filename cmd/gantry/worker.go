@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -25,6 +26,8 @@ type workerFlags struct {
 	concurrency int
 	typeLimits  []string
 	typePolicy  []string
+	prioritize  []string
+	window      int
 	ackWait     time.Duration
 	maxAttempts int
 	backoffBase time.Duration
@@ -42,6 +45,8 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.concurrency, "concurrency", 64, "tasks of a queue running at once, across all workers (the consumer's MaxAckPending)")
 	fl.StringSliceVar(&f.typeLimits, "type-limit", nil, "TYPE=N: at most N tasks of TYPE at once; a queue with type limits runs only the types listed (repeatable)")
 	fl.StringArrayVar(&f.typePolicy, "type-policy", nil, "TYPE:KEY=VALUE,...: the retry policy of one type, keys max_attempts, backoff_base, backoff_max, delay, timeout (repeatable)")
+	fl.StringSliceVar(&f.prioritize, "prioritize", nil, "QUEUE: its waiting tasks start highest priority first, not in publish order (repeatable; every worker of the queue must agree)")
+	fl.IntVar(&f.window, "priority-window", 1000, "waiting tasks a prioritized queue holds and orders; later ones wait in publish order behind them")
 	fl.DurationVar(&f.ackWait, "ack-wait", 30*time.Second, "ack deadline: a dead worker's task is redelivered after it; running tasks heartbeat every third of it")
 	fl.IntVar(&f.maxAttempts, "max-attempts", 5, "default attempts of a task before NEEDS_REVIEW (a task's max_attempts wins)")
 	fl.DurationVar(&f.backoffBase, "backoff-base", time.Second, "retry n waits min(base*2^(n-1), max) with ±20% jitter")
@@ -86,11 +91,17 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 		if !wire.ValidToken(name) {
 			return workers.Config{}, usageError("--queue %q: a queue name has no spaces, '.', '*' or '>'", q)
 		}
-		queues = append(queues, workers.Queue{Name: name, Concurrency: conc, AckWait: f.ackWait, Types: types})
+		queues = append(queues, workers.Queue{Name: name, Concurrency: conc, AckWait: f.ackWait, Types: types,
+			Prioritized: slices.Contains(f.prioritize, name), PriorityWindow: f.window})
 	}
-	if f.concurrency < 1 || f.maxAttempts < 1 || f.ackWait < 100*time.Millisecond || f.backoffBase <= 0 ||
+	for _, p := range f.prioritize {
+		if !slices.ContainsFunc(queues, func(q workers.Queue) bool { return q.Name == p }) {
+			return workers.Config{}, usageError("--prioritize %q: not one of the --queue queues", p)
+		}
+	}
+	if f.concurrency < 1 || f.window < 1 || f.maxAttempts < 1 || f.ackWait < 100*time.Millisecond || f.backoffBase <= 0 ||
 		f.backoffMax < f.backoffBase || f.timeout <= 0 || f.maxPayload < 1 {
-		return workers.Config{}, usageError("worker flags: want --concurrency ≥ 1, --max-attempts ≥ 1, --ack-wait ≥ 100ms, 0 < --backoff-base ≤ --backoff-max, --task-timeout > 0, --max-payload ≥ 1")
+		return workers.Config{}, usageError("worker flags: want --concurrency ≥ 1, --priority-window ≥ 1, --max-attempts ≥ 1, --ack-wait ≥ 100ms, 0 < --backoff-base ≤ --backoff-max, --task-timeout > 0, --max-payload ≥ 1")
 	}
 	return workers.Config{
 		Name:   f.name,
@@ -202,6 +213,11 @@ every worker of that queue: --concurrency (the consumer's MaxAckPending) caps
 the tasks running at once across all of them, and the broker enforces it.
 A running task heartbeats every --ack-wait/3; a worker that dies loses its
 tasks to another after --ack-wait (then 2x, 4x... as the consumer's BackOff).
+
+Tasks start in the order published. A queue named with --prioritize starts
+its waiting tasks highest "priority" first instead: a sorter holds up to
+--priority-window of them and moves the best to gantry.ready.<queue>.<type>
+whenever the workers are about to run out.
 
 Failures are classified: retryable ones (non-zero exit, timeout, 5xx, reset)
 wait min(base*2^(n-1), max) with jitter; delayed ones (429/503 Retry-After,

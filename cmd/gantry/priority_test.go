@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
+)
+
+// A prioritized queue, end to end: tasks submitted while its one slot is
+// busy start highest priority first, and one cancelled while it waits
+// never runs.
+func TestPrioritizedQueue(t *testing.T) {
+	t.Parallel()
+	_, ready := startGantry(t, "broker", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
+	url := ready.NATS
+	startGantry(t, "worker", "--server", url, "--queue", "urgent=1", "--prioritize", "urgent")
+	dir := t.TempDir()
+	release, order := filepath.Join(dir, "release"), filepath.Join(dir, "order")
+	submit := func(id, priority, script string) {
+		t.Helper()
+		payload, _ := json.Marshal(map[string][]string{"cmd": {"sh", "-c", script}})
+		args := []string{"submit", "exec", "--queue", "urgent", "--id", id, "--server", url, "--payload", string(payload)}
+		if priority != "" {
+			args = append(args, "--priority", priority)
+		}
+		if code, _, stderr := runInProcess(t, args...); code != exitOK {
+			t.Fatalf("submit %s = exit %d (%s)", id, code, stderr)
+		}
+	}
+	submit("block", "", "while [ ! -f "+release+" ]; do sleep 0.05; done")
+	waitTaskState(t, url, "block", wire.TaskRunning)
+	record := "echo $GANTRY_TASK_ID >> " + order
+	submit("low-1", "", record)
+	submit("low-2", "", record)
+	submit("doomed", "", record)
+	submit("high", "9", record)
+
+	// low-1 went ahead at once; the other three wait in the sorter.
+	_, js := brokertest.Connect(t, url)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cons, err := js.Consumer(context.Background(), wire.StreamTasks, "gantry-sorter-urgent")
+		if err == nil && cons.CachedInfo().NumAckPending == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sorter does not hold 3 tasks (%v)", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, _, stderr := runInProcess(t, "task", "cancel", "doomed", "--server", url); code != exitOK {
+		t.Fatalf("task cancel doomed = exit %d (%s)", code, stderr)
+	}
+	if err := os.WriteFile(release, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"block", "low-1", "high", "low-2"} {
+		waitTaskState(t, url, id, wire.TaskSucceeded)
+	}
+	if rec := taskJSON(t, url, "doomed"); rec.State != wire.TaskCancelled {
+		t.Errorf("doomed = %s, want CANCELLED", rec.State)
+	}
+	got, err := os.ReadFile(order)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "low-1\nhigh\nlow-2\n"; string(got) != want {
+		t.Errorf("run order = %q, want %q", got, want)
+	}
+}

@@ -1,0 +1,222 @@
+package workers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
+)
+
+// recorder is a handler that records the order tasks start in; a task
+// whose id is in block waits until release is closed.
+type recorder struct {
+	mu      sync.Mutex
+	order   []string
+	block   map[string]bool
+	started chan string
+	release chan struct{}
+}
+
+func newRecorder(block ...string) *recorder {
+	r := &recorder{block: map[string]bool{}, started: make(chan string, 100), release: make(chan struct{})}
+	for _, id := range block {
+		r.block[id] = true
+	}
+	return r
+}
+
+func (r *recorder) Run(ctx context.Context, t *Task) error {
+	r.mu.Lock()
+	r.order = append(r.order, t.ID)
+	r.mu.Unlock()
+	r.started <- t.ID
+	if r.block[t.ID] {
+		select {
+		case <-r.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (r *recorder) wait(t *testing.T, n int) []string {
+	t.Helper()
+	for range n {
+		select {
+		case <-r.started:
+		case <-time.After(20 * time.Second):
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			t.Fatalf("started %v, want %d tasks", r.order, n)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.order)
+}
+
+// waitHeld waits until the sorter of queue holds n tasks.
+func (b *bundle) waitHeld(t *testing.T, queue string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cons, err := b.env.JS.Consumer(ctx, wire.StreamTasks, sorterName(queue))
+		if err == nil {
+			info := cons.CachedInfo()
+			if info.NumAckPending == n && info.NumPending == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sorter of %s: %d held, %d not delivered; want %d held", queue, info.NumAckPending, info.NumPending, n)
+			}
+		} else if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestPriorityOrdersWaitingTasks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := newRecorder("first")
+	b.start(t, Config{Queues: []Queue{{Name: "urgent", Concurrency: 1, Prioritized: true}}, Policy: fastPolicy},
+		map[string]Handler{"job": rec})
+	subject := wire.TaskSubject("urgent", "job")
+	b.publish(t, subject, `{"id":"first"}`)
+	rec.wait(t, 1)
+	// Published while the one worker slot is busy, lowest priority first;
+	// two without an id of their own and one malformed, as `nats pub`
+	// might send them.
+	b.publish(t, subject, `{"id":"low-1"}`)
+	b.publish(t, subject, `{"id":"low-2","priority":-1}`)
+	b.publish(t, subject, `{"id":"mid","priority":5}`)
+	b.publish(t, subject, `{"priority":10}`, jetstream.MsgIDHeader, "high")
+	b.publish(t, subject, `{"id":"low-3"}`)
+	b.publish(t, subject, `{"id":"also-mid","priority":5}`)
+	b.publish(t, subject, `{"id":`)
+	// low-1 went ahead to the ready subject at once (the lookahead of a
+	// lane of concurrency 1); the rest wait in the sorter.
+	b.waitHeld(t, "urgent", 6)
+	close(rec.release)
+	got := rec.wait(t, 6)
+	want := []string{"first", "low-1", "high", "mid", "also-mid", "low-3", "low-2"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("start order = %v, want %v", got, want)
+	}
+	for _, id := range want {
+		r := b.waitState(t, id, wire.TaskSucceeded, 10*time.Second)
+		if r.Queue != "urgent" || r.Type != "job" || r.Attempts != 1 {
+			t.Errorf("task %s: queue %q type %q attempts %d, want urgent, job, 1", id, r.Queue, r.Type, r.Attempts)
+		}
+	}
+	// The malformed task is rejected as on a FIFO queue, and kept as
+	// published, so that a retry is sorted again.
+	rejected := b.waitEventsAny(t, wire.EventTaskRejected, 1, 10*time.Second)
+	r := b.waitState(t, rejected[0].TaskID, wire.TaskNeedsReview, 10*time.Second)
+	if r.Message == nil || r.Message.Subject != subject || len(r.Message.Header[wire.HeaderTaskID]) != 0 {
+		t.Errorf("rejected task kept as %+v, want it on %s without sorter headers", r.Message, subject)
+	}
+	b.waitEmpty(t, 10*time.Second)
+}
+
+func TestPriorityCancelWhileHeld(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := newRecorder("first")
+	b.start(t, Config{Queues: []Queue{{Name: "urgent", Concurrency: 1, Prioritized: true}}, Policy: fastPolicy},
+		map[string]Handler{"job": rec})
+	subject := wire.TaskSubject("urgent", "job")
+	b.publish(t, subject, `{"id":"first"}`)
+	rec.wait(t, 1)
+	b.publish(t, subject, `{"id":"next"}`)
+	// doomed waits in the sorter; cancel it as `gantry task cancel` does:
+	// record CANCELLED, then remove its message.
+	ack, err := b.env.JS.Publish(context.Background(), subject, []byte(`{"id":"doomed"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.waitHeld(t, "urgent", 1)
+	ctx := context.Background()
+	if _, err := b.tasks.Put(ctx, wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: "doomed", Type: "job", Queue: "urgent",
+		State: wire.TaskCancelled}, Seq: ack.Sequence}); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := b.env.JS.Stream(ctx, wire.StreamTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.DeleteMsg(ctx, ack.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, subject, `{"id":"last"}`)
+	close(rec.release)
+	b.waitState(t, "last", wire.TaskSucceeded, 10*time.Second)
+	b.waitEmpty(t, 10*time.Second)
+	if got := rec.wait(t, 0); slices.Contains(got, "doomed") {
+		t.Fatalf("start order = %v: the cancelled task ran", got)
+	}
+	if r, _, err := b.tasks.Get(ctx, "doomed"); err != nil || r.State != wire.TaskCancelled {
+		t.Errorf("doomed: %v, %v; want CANCELLED", r.State, err)
+	}
+	if evs := b.eventsOf("doomed", wire.EventTaskFinished); len(evs) != 0 {
+		t.Errorf("doomed: %d TASK_FINISHED from the workers, want 0 (the canceller emits it)", len(evs))
+	}
+}
+
+// A sorter's process stopping hands its held tasks back at once; a queue
+// that stops being prioritized runs both the tasks held and those already
+// sorted. Nothing accepted is lost either way.
+func TestPriorityHandBackAndSwitchToFIFO(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	subject := wire.TaskSubject("urgent", "job")
+	hold := newRecorder("first")
+	nc, _ := brokertest.Connect(t, b.env.URL)
+	w, err := New(Config{Queues: []Queue{{Name: "urgent", Concurrency: 1, Prioritized: true}}, Policy: fastPolicy,
+		DrainTimeout: 100 * time.Millisecond, Logger: b.env.Log}, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Handle("job", hold); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	<-w.Ready()
+	b.publish(t, subject, `{"id":"first"}`)
+	hold.wait(t, 1)
+	for i := range 5 {
+		b.publish(t, subject, fmt.Sprintf(`{"id":"t%d","priority":%d}`, i, i))
+	}
+	b.waitHeld(t, "urgent", 4)
+	w.Stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if _, err := b.env.JS.Consumer(ctx, wire.StreamTasks, sorterName("urgent")); err != nil {
+		t.Fatal(err)
+	}
+
+	runs := newRecorder()
+	b.start(t, Config{Queues: []Queue{{Name: "urgent", Concurrency: 4}}, Policy: fastPolicy}, map[string]Handler{"job": runs})
+	got := runs.wait(t, 6)
+	slices.Sort(got)
+	if want := []string{"first", "t0", "t1", "t2", "t3", "t4"}; !slices.Equal(got, want) {
+		t.Fatalf("ran %v after the switch, want %v", got, want)
+	}
+	if _, err := b.env.JS.Consumer(ctx, wire.StreamTasks, sorterName("urgent")); err == nil {
+		t.Error("the sorter's consumer is still there on a FIFO queue")
+	}
+	b.waitEmpty(t, 10*time.Second)
+}

@@ -1,0 +1,389 @@
+package workers
+
+import (
+	"container/heap"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+// A JetStream consumer delivers in stream order, so the priority of a task
+// cannot reorder the queue it waits in. A prioritized queue therefore has
+// two stages in StreamTasks:
+//
+//   - the sorter consumes gantry.tasks.<queue>.> (durable
+//     gantry-sorter-<queue>), holds up to the queue's PriorityWindow
+//     unacknowledged tasks in a heap, and republishes the best of them to
+//     gantry.ready.<queue>.<type> whenever fewer than lookahead tasks wait
+//     there undelivered (all workers busy); then it acks the original;
+//   - the workers consume gantry.ready.<queue>.> exactly as they consume a
+//     FIFO queue, with the same concurrency, ack deadlines and attempts.
+//
+// Every worker process of the queue runs a sorter on the same durable
+// consumer in a pinned priority group: the broker delivers to one of them
+// at a time, so one heap orders the whole queue; when that process stops,
+// another is pinned after sorterPinnedTTL and the held tasks come to it
+// after sorterAckWait.
+//
+// A republish carries Nats-Msg-Id gantry-sorted-<sequence of the
+// original>, so a sorter stopped between republishing and acking does not
+// queue the task twice, and the headers HeaderTaskID, HeaderIntakeSeq and
+// HeaderIntakeTime, so the task keeps its id, its record and its
+// created_at.
+const (
+	// sorterAckWait is the sorter consumer's ack deadline; held tasks are
+	// kept alive every third of it.
+	sorterAckWait = 30 * time.Second
+	// sorterPinnedTTL is how long the broker keeps a silent sorter pinned.
+	sorterPinnedTTL = 5 * time.Second
+	// sorterPoll is how often a sorter holding tasks asks the broker how
+	// many sorted tasks still wait, when no local delivery told it.
+	sorterPoll = 5 * time.Millisecond
+	// sorterGroup is the priority group of the sorter consumers.
+	sorterGroup = "sorter"
+)
+
+// sorter moves the tasks of one prioritized queue to its ready subjects,
+// highest priority first.
+type sorter struct {
+	w     *Workers
+	queue *Queue
+	name  string
+	// lanes are the ready consumers of the queue, by task type; "" is the
+	// consumer of the whole queue (or of the types it has no lane for).
+	lanes map[string]*lane
+	in    chan jetstream.Msg
+	kick  chan struct{}
+	// done is closed when run returns: deliveries still coming are handed
+	// back.
+	done chan struct{}
+}
+
+// lane is one consumer of sorted tasks and the tasks held for it.
+type lane struct {
+	sp *spec
+	// lookahead is how many sorted tasks may wait undelivered on the lane,
+	// ahead of any task still held: a quarter of its concurrency, at
+	// least 1. More keeps a busy lane fed between the sorter's moves;
+	// fewer keeps the order closer to priority.
+	lookahead int
+	// cons is sp's consumer, asked for its pending count.
+	cons jetstream.Consumer
+	held heldHeap
+	// pending estimates the sorted tasks waiting undelivered on the lane:
+	// the broker's count, from a local delivery or a poll, plus the
+	// tasks forwarded since.
+	pending int
+	// seen is the broker's count from the last local delivery, -1 when
+	// none came since the sorter last read it.
+	seen atomic.Int64
+}
+
+// held is one task the sorter holds: its message is delivered to the
+// sorter and not acknowledged yet.
+type held struct {
+	m        jetstream.Msg
+	seq      uint64
+	ts       time.Time
+	priority int
+	id       string
+	typ      string
+	// waited is set once the task was not forwarded on arrival: a cancel
+	// may have come meanwhile.
+	waited bool
+}
+
+// heldHeap orders held tasks by priority (highest first), then by stream
+// sequence (oldest first).
+type heldHeap []*held
+
+func (h heldHeap) Len() int { return len(h) }
+func (h heldHeap) Less(i, j int) bool {
+	if h[i].priority != h[j].priority {
+		return h[i].priority > h[j].priority
+	}
+	return h[i].seq < h[j].seq
+}
+func (h heldHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *heldHeap) Push(x any)   { *h = append(*h, x.(*held)) }
+func (h *heldHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return x
+}
+
+// sorterName is the durable consumer of queue's sorter.
+func sorterName(queue string) string { return "gantry-sorter-" + queue }
+
+func newSorter(w *Workers, q *Queue, specs []*spec) *sorter {
+	s := &sorter{w: w, queue: q, name: sorterName(q.Name), lanes: map[string]*lane{},
+		in: make(chan jetstream.Msg, 256), kick: make(chan struct{}, 1), done: make(chan struct{})}
+	for _, sp := range specs {
+		if sp.queue == q {
+			l := &lane{sp: sp, lookahead: max(1, sp.concurrency/4)}
+			l.seen.Store(-1)
+			s.lanes[sp.typ] = l
+		}
+	}
+	return s
+}
+
+func (s *sorter) consumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        s.name,
+		Description:    "gantry sorter: orders " + wire.SubjectTasksPrefix + "." + s.queue.Name + ".> by priority",
+		FilterSubject:  wire.SubjectTasksPrefix + "." + s.queue.Name + ".>",
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckWait:        sorterAckWait,
+		MaxDeliver:     -1,
+		MaxAckPending:  s.queue.PriorityWindow,
+		MaxWaiting:     512,
+		PriorityGroups: []string{sorterGroup},
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PinnedTTL:      sorterPinnedTTL,
+	}
+}
+
+// start creates the sorter's consumer and starts consuming into s.in.
+func (s *sorter) start(ctx context.Context) (jetstream.ConsumeContext, error) {
+	cons, err := s.w.js.CreateOrUpdateConsumer(ctx, wire.StreamTasks, s.consumerConfig())
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: %w", s.name, err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case <-s.done:
+			_ = m.Nak()
+			return
+		default:
+		}
+		select {
+		case s.in <- m:
+		case <-s.done:
+			_ = m.Nak()
+		}
+	},
+		jetstream.PullPriorityGroup(sorterGroup),
+		jetstream.PullMaxMessages(min(s.queue.PriorityWindow, 256)),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+				s.w.log.Debug("consume", "consumer", s.name, "err", err)
+			}
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("consume %s: %w", s.name, err)
+	}
+	return cc, nil
+}
+
+// delivered tells the sorter that a local delivery from sp saw pending
+// sorted tasks still waiting behind it.
+func (s *sorter) delivered(sp *spec, pending uint64) {
+	l := s.lanes[sp.typ]
+	if l == nil || l.sp != sp {
+		return
+	}
+	l.seen.Store(int64(pending))
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run sorts until stop is closed (the consumer stopped), then hands the
+// tasks it holds back to the broker for the next sorter. It owns the heaps.
+func (s *sorter) run(ctx context.Context, stop <-chan struct{}) {
+	defer s.handBack()
+	beat := time.NewTicker(sorterAckWait / 3)
+	defer beat.Stop()
+	// poll runs while a lane holds tasks it cannot forward yet.
+	poll := time.NewTimer(sorterPoll)
+	defer poll.Stop()
+	armed := true
+	for {
+		select {
+		case <-stop:
+			return
+		case m := <-s.in:
+			s.add(m)
+		case <-s.kick:
+		case <-poll.C:
+			armed = false
+			s.refresh(ctx)
+		case <-beat.C:
+			s.keepAlive()
+		}
+		if s.forward(ctx) && !armed {
+			poll.Reset(sorterPoll)
+			armed = true
+		}
+	}
+}
+
+// handBack naks every held task, and every one still on its way, so that
+// the next sorter gets them at once, and unpins the consumer so that the
+// broker picks the next sorter at once.
+func (s *sorter) handBack() {
+	close(s.done)
+	for _, l := range s.lanes {
+		for _, h := range l.held {
+			_ = h.m.Nak()
+		}
+		l.held = nil
+	}
+	for {
+		select {
+		case m := <-s.in:
+			_ = m.Nak()
+		default:
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if stream, err := s.w.js.Stream(ctx, wire.StreamTasks); err == nil {
+				_ = stream.UnpinConsumer(ctx, s.name, sorterGroup)
+			}
+			return
+		}
+	}
+}
+
+// add takes a delivered task into the heap of its lane.
+func (s *sorter) add(m jetstream.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		s.w.log.Error("sorter: message without metadata", "subject", m.Subject(), "err", err)
+		_ = m.Term()
+		return
+	}
+	// Only id and priority matter here; a body that does not decode goes
+	// on with priority 0 and the worker rejects it.
+	var body struct {
+		ID       string `json:"id"`
+		Priority int    `json:"priority"`
+	}
+	_ = json.Unmarshal(m.Data(), &body)
+	_, typ, _ := wire.ParseTaskSubject(m.Subject())
+	h := &held{m: m, seq: meta.Sequence.Stream, ts: meta.Timestamp, priority: body.Priority, typ: typ,
+		id: taskID(wire.Task{ID: body.ID}, m.Headers().Get(jetstream.MsgIDHeader), meta.Timestamp, meta.Sequence.Stream)}
+	heap.Push(&s.lane(typ).held, h)
+}
+
+func (s *sorter) lane(typ string) *lane {
+	if l, ok := s.lanes[typ]; ok {
+		return l
+	}
+	if l, ok := s.lanes[""]; ok {
+		return l
+	}
+	// A queue split by type runs only its listed types: another type
+	// waits on its own lane, unconsumed, as it would on gantry.tasks.
+	l := &lane{}
+	l.seen.Store(-1)
+	s.lanes[typ] = l
+	return l
+}
+
+// refresh asks the broker how many sorted tasks wait on every lane that
+// holds tasks it could not forward.
+func (s *sorter) refresh(ctx context.Context) {
+	for _, l := range s.lanes {
+		if l.cons == nil || l.held.Len() == 0 || l.pending < l.lookahead {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		info, err := l.cons.Info(cctx)
+		cancel()
+		if err != nil {
+			s.w.log.Debug("sorter: read lane", "consumer", l.sp.name, "err", err)
+			continue
+		}
+		l.pending = int(info.NumPending)
+	}
+}
+
+// forward republishes the best held tasks of every lane while few sorted
+// tasks wait on it. It reports whether some lane still holds tasks.
+func (s *sorter) forward(ctx context.Context) (holding bool) {
+	for _, l := range s.lanes {
+		if seen := l.seen.Swap(-1); seen >= 0 {
+			l.pending = int(seen)
+		}
+		for l.held.Len() > 0 && (l.cons == nil || l.pending < l.lookahead) {
+			h := heap.Pop(&l.held).(*held)
+			if err := s.move(ctx, h); err != nil {
+				s.w.log.Warn("sorter: move task", "task_id", h.id, "err", err)
+				heap.Push(&l.held, h)
+				break
+			}
+			l.pending++
+		}
+		for _, h := range l.held {
+			h.waited = true
+		}
+		holding = holding || l.held.Len() > 0
+	}
+	return holding
+}
+
+// move republishes h to its ready subject and acknowledges the original.
+// A task cancelled while it waited is dropped: `gantry task cancel` has
+// removed its message and recorded its end.
+func (s *sorter) move(ctx context.Context, h *held) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if h.waited {
+		rec, _, err := s.w.tasks.Get(ctx, h.id)
+		switch {
+		case errors.Is(err, kv.ErrTaskNotFound):
+		case err != nil:
+			return fmt.Errorf("read task state: %w", err)
+		case rec.State == wire.TaskCancelled && rec.Seq == h.seq:
+			s.w.log.Info("sorter: dropping cancelled task", "task_id", h.id)
+			return h.m.Ack()
+		}
+	}
+	m := nats.NewMsg(wire.ReadySubject(s.queue.Name, h.typ))
+	m.Data = h.m.Data()
+	// The publisher's own headers go along; the broker's (Nats-Msg-Id,
+	// expectations, TTL, and Nats-Pin-Id, which would pin the workers'
+	// consumer) do not.
+	for k, v := range h.m.Headers() {
+		if !strings.HasPrefix(strings.ToLower(k), "nats-") {
+			m.Header[k] = v
+		}
+	}
+	m.Header.Set(jetstream.MsgIDHeader, "gantry-sorted-"+strconv.FormatUint(h.seq, 10))
+	m.Header.Set(wire.HeaderTaskID, h.id)
+	m.Header.Set(wire.HeaderIntakeSeq, strconv.FormatUint(h.seq, 10))
+	m.Header.Set(wire.HeaderIntakeTime, h.ts.UTC().Format(time.RFC3339Nano))
+	if _, err := s.w.js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("publish to %s: %w", m.Subject, err)
+	}
+	// A lost ack redelivers the original after sorterAckWait; its
+	// republish is then a duplicate the stream drops.
+	return h.m.Ack()
+}
+
+// keepAlive extends the ack deadline of every held task.
+func (s *sorter) keepAlive() {
+	for _, l := range s.lanes {
+		for _, h := range l.held {
+			if err := h.m.InProgress(); err != nil {
+				s.w.log.Debug("sorter: keep task", "task_id", h.id, "err", err)
+			}
+		}
+	}
+}
