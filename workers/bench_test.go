@@ -130,7 +130,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 	} {
 		conc := tc.conc
 		b.Run("gantry-noop/"+tc.name, func(b *testing.B) {
-			env, finished := startBenchWorkers(b, conc)
+			env, finished := startBenchWorkers(b, conc, false)
 			_, pjs := brokertest.Connect(b, env.URL)
 			b.ResetTimer()
 			start := time.Now()
@@ -139,6 +139,16 @@ func BenchmarkEndToEnd(b *testing.B) {
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tasks/s")
 		})
 	}
+	// A prioritized queue: every task also passes through the sorter.
+	b.Run("gantry-noop-prioritized/concurrency=256", func(b *testing.B) {
+		env, finished := startBenchWorkers(b, 256, true)
+		_, pjs := brokertest.Connect(b, env.URL)
+		b.ResetTimer()
+		start := time.Now()
+		publishAll(b, pjs, wire.TaskSubject("bench", "noop"), b.N)
+		waitCount(b, finished, int64(b.N))
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tasks/s")
+	})
 }
 
 // ratioPerOp is how many raw messages, and how many gantry tasks,
@@ -146,10 +156,11 @@ func BenchmarkEndToEnd(b *testing.B) {
 // -benchtime 1x measures one (b.N messages would time a single task).
 const ratioPerOp = 40000
 
-// BenchmarkRatio runs raw JetStream publish+consume and gantry noop tasks
-// (concurrency 256) in alternating chunks of 2000 on two brokers, so that
-// the noise of a shared machine hits both alike, and reports both rates and
-// their ratio. Each iteration is ratioPerOp messages and tasks.
+// BenchmarkRatio runs raw JetStream publish+consume, gantry noop tasks
+// (concurrency 256) and the same on a prioritized queue in alternating
+// chunks of 2000 on three brokers, so that the noise of a shared machine
+// hits all alike, and reports the rates and their ratios to raw. Each
+// iteration is ratioPerOp messages and tasks of each.
 func BenchmarkRatio(b *testing.B) {
 	ctx := context.Background()
 	// Raw: a durable pull consumer acking every message.
@@ -171,13 +182,16 @@ func BenchmarkRatio(b *testing.B) {
 	defer cc.Stop()
 	_, rawPub := brokertest.Connect(b, rawEnv.URL)
 
-	// gantry: workers, and a subscriber counting TASK_FINISHED.
-	env, finished := startBenchWorkers(b, 256)
+	// gantry: workers, and a subscriber counting TASK_FINISHED; then the
+	// same on a prioritized queue.
+	env, finished := startBenchWorkers(b, 256, false)
 	_, pub := brokertest.Connect(b, env.URL)
+	penv, pfinished := startBenchWorkers(b, 256, true)
+	_, ppub := brokertest.Connect(b, penv.URL)
 
 	const chunk = 2000
 	total := b.N * ratioPerOp
-	var rawTime, gantryTime time.Duration
+	var rawTime, gantryTime, prioTime time.Duration
 	b.ResetTimer()
 	for left := total; left > 0; left -= chunk {
 		n := min(chunk, left)
@@ -189,21 +203,29 @@ func BenchmarkRatio(b *testing.B) {
 		publishAll(b, pub, wire.TaskSubject("bench", "noop"), n)
 		waitCount(b, finished, int64(total-left+n))
 		gantryTime += time.Since(start)
+		start = time.Now()
+		publishAll(b, ppub, wire.TaskSubject("bench", "noop"), n)
+		waitCount(b, pfinished, int64(total-left+n))
+		prioTime += time.Since(start)
 	}
 	raw := float64(total) / rawTime.Seconds()
 	gantry := float64(total) / gantryTime.Seconds()
+	prio := float64(total) / prioTime.Seconds()
 	b.ReportMetric(raw, "raw-msgs/s")
 	b.ReportMetric(gantry, "gantry-tasks/s")
 	b.ReportMetric(100*gantry/raw, "%-of-raw")
+	b.ReportMetric(prio, "prioritized-tasks/s")
+	b.ReportMetric(100*prio/raw, "prioritized-%-of-raw")
 }
 
 // startBenchWorkers starts a broker and workers on queue "bench" with conc
-// concurrency, stopped by b.Cleanup, and counts the TASK_FINISHED events.
-func startBenchWorkers(b *testing.B, conc int) (*brokertest.Env, *atomic.Int64) {
+// concurrency (prioritized or not), stopped by b.Cleanup, and counts the
+// TASK_FINISHED events.
+func startBenchWorkers(b *testing.B, conc int, prioritized bool) (*brokertest.Env, *atomic.Int64) {
 	b.Helper()
 	env := brokertest.Start(b)
 	nc, _ := brokertest.Connect(b, env.URL)
-	w, err := New(Config{Queues: []Queue{{Name: "bench", Concurrency: conc}}, Logger: env.Log}, nc)
+	w, err := New(Config{Queues: []Queue{{Name: "bench", Concurrency: conc, Prioritized: prioritized}}, Logger: env.Log}, nc)
 	if err != nil {
 		b.Fatal(err)
 	}

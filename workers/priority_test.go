@@ -2,12 +2,14 @@ package workers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
@@ -138,38 +140,48 @@ func TestPriorityCancelWhileHeld(t *testing.T) {
 	subject := wire.TaskSubject("urgent", "job")
 	b.publish(t, subject, `{"id":"first"}`)
 	rec.wait(t, 1)
-	b.publish(t, subject, `{"id":"next"}`)
-	// doomed waits in the sorter; cancel it as `gantry task cancel` does:
-	// record CANCELLED, then remove its message.
-	ack, err := b.env.JS.Publish(context.Background(), subject, []byte(`{"id":"doomed"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.waitHeld(t, "urgent", 1)
 	ctx := context.Background()
-	if _, err := b.tasks.Put(ctx, wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: "doomed", Type: "job", Queue: "urgent",
-		State: wire.TaskCancelled}, Seq: ack.Sequence}); err != nil {
-		t.Fatal(err)
+	seqs := map[string]uint64{}
+	for _, id := range []string{"next", "doomed"} {
+		ack, err := b.env.JS.Publish(ctx, subject, []byte(`{"id":"`+id+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs[id] = ack.Sequence
 	}
-	stream, err := b.env.JS.Stream(ctx, wire.StreamTasks)
-	if err != nil {
-		t.Fatal(err)
+	// next went ahead to the ready subject; doomed waits in the sorter.
+	// Cancel both as `gantry task cancel` does: record CANCELLED, then ask
+	// who holds the task. The sorter answers for doomed; nobody holds
+	// next, and its worker finds it cancelled when its turn comes.
+	b.waitHeld(t, "urgent", 1)
+	for _, id := range []string{"next", "doomed"} {
+		if _, err := b.tasks.Put(ctx, wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: id, Type: "job", Queue: "urgent",
+			State: wire.TaskCancelled}, Seq: seqs[id]}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := stream.DeleteMsg(ctx, ack.Sequence); err != nil {
-		t.Fatal(err)
+	if reply, err := b.env.NC.Request(wire.SubjectTaskCancel, []byte("doomed"), 5*time.Second); err != nil || string(reply.Data) != "dropped" {
+		t.Fatalf("cancel doomed = %v, %v; want the sorter's answer", reply, err)
+	}
+	if _, err := b.env.NC.Request(wire.SubjectTaskCancel, []byte("next"), 300*time.Millisecond); !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("cancel next = %v, want no answer", err)
 	}
 	b.publish(t, subject, `{"id":"last"}`)
 	close(rec.release)
 	b.waitState(t, "last", wire.TaskSucceeded, 10*time.Second)
 	b.waitEmpty(t, 10*time.Second)
-	if got := rec.wait(t, 0); slices.Contains(got, "doomed") {
-		t.Fatalf("start order = %v: the cancelled task ran", got)
+	if got := rec.wait(t, 0); !slices.Equal(got, []string{"first", "last"}) {
+		t.Fatalf("ran %v, want first and last: the cancelled tasks must not run", got)
 	}
-	if r, _, err := b.tasks.Get(ctx, "doomed"); err != nil || r.State != wire.TaskCancelled {
-		t.Errorf("doomed: %v, %v; want CANCELLED", r.State, err)
-	}
-	if evs := b.eventsOf("doomed", wire.EventTaskFinished); len(evs) != 0 {
-		t.Errorf("doomed: %d TASK_FINISHED from the workers, want 0 (the canceller emits it)", len(evs))
+	for _, id := range []string{"next", "doomed"} {
+		if r, _, err := b.tasks.Get(ctx, id); err != nil || r.State != wire.TaskCancelled {
+			t.Errorf("%s: %v, %v; want CANCELLED", id, r.State, err)
+		}
+		evs := b.waitEvents(t, id, wire.EventTaskFinished, 1, 5*time.Second)
+		time.Sleep(100 * time.Millisecond)
+		if evs = b.eventsOf(id, wire.EventTaskFinished); len(evs) != 1 || payload(t, evs[0])["state"] != string(wire.TaskCancelled) {
+			t.Errorf("%s: TASK_FINISHED %+v, want one, CANCELLED", id, evs)
+		}
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/internal/audit"
 )
 
 // A JetStream consumer delivers in stream order, so the priority of a task
@@ -65,9 +65,17 @@ type sorter struct {
 	lanes map[string]*lane
 	in    chan jetstream.Msg
 	kick  chan struct{}
+	// cancels asks run to drop a held task.
+	cancels chan sorterCancel
 	// done is closed when run returns: deliveries still coming are handed
 	// back.
 	done chan struct{}
+}
+
+// sorterCancel is a request to drop a held task, answered on answer.
+type sorterCancel struct {
+	id     string
+	answer chan bool
 }
 
 // lane is one consumer of sorted tasks and the tasks held for it.
@@ -99,9 +107,6 @@ type held struct {
 	priority int
 	id       string
 	typ      string
-	// waited is set once the task was not forwarded on arrival: a cancel
-	// may have come meanwhile.
-	waited bool
 }
 
 // heldHeap orders held tasks by priority (highest first), then by stream
@@ -130,7 +135,8 @@ func sorterName(queue string) string { return "gantry-sorter-" + queue }
 
 func newSorter(w *Workers, q *Queue, specs []*spec) *sorter {
 	s := &sorter{w: w, queue: q, name: sorterName(q.Name), lanes: map[string]*lane{},
-		in: make(chan jetstream.Msg, 256), kick: make(chan struct{}, 1), done: make(chan struct{})}
+		in: make(chan jetstream.Msg, 256), kick: make(chan struct{}, 1),
+		cancels: make(chan sorterCancel), done: make(chan struct{})}
 	for _, sp := range specs {
 		if sp.queue == q {
 			l := &lane{sp: sp, lookahead: max(1, sp.concurrency/4)}
@@ -220,7 +226,15 @@ func (s *sorter) run(ctx context.Context, stop <-chan struct{}) {
 			return
 		case m := <-s.in:
 			s.add(m)
+			// Take what else has come, so that one forward moves a batch
+			// and waits for its acknowledgements once.
+			for more := len(s.in); more > 0; more-- {
+				s.add(<-s.in)
+			}
 		case <-s.kick:
+		case c := <-s.cancels:
+			c.answer <- s.cancel(c.id)
+			continue
 		case <-poll.C:
 			armed = false
 			s.refresh(ctx)
@@ -315,46 +329,65 @@ func (s *sorter) refresh(ctx context.Context) {
 }
 
 // forward republishes the best held tasks of every lane while few sorted
-// tasks wait on it. It reports whether some lane still holds tasks.
+// tasks wait on it, all at once, then acks those the stream stored. It
+// reports whether some lane still holds tasks.
 func (s *sorter) forward(ctx context.Context) (holding bool) {
+	type sent struct {
+		h *held
+		l *lane
+		f jetstream.PubAckFuture
+	}
+	var batch []sent
 	for _, l := range s.lanes {
 		if seen := l.seen.Swap(-1); seen >= 0 {
 			l.pending = int(seen)
 		}
 		for l.held.Len() > 0 && (l.cons == nil || l.pending < l.lookahead) {
 			h := heap.Pop(&l.held).(*held)
-			if err := s.move(ctx, h); err != nil {
+			f, err := s.w.js.PublishMsgAsync(s.sorted(h))
+			if err != nil {
 				s.w.log.Warn("sorter: move task", "task_id", h.id, "err", err)
 				heap.Push(&l.held, h)
 				break
 			}
+			batch = append(batch, sent{h, l, f})
 			l.pending++
 		}
-		for _, h := range l.held {
-			h.waited = true
+	}
+	timeout := time.NewTimer(5 * time.Second)
+	defer timeout.Stop()
+	for _, x := range batch {
+		var err error
+		select {
+		case <-x.f.Ok():
+		case err = <-x.f.Err():
+		case <-timeout.C:
+			err = errors.New("not acknowledged within 5s")
+		case <-ctx.Done():
+			err = ctx.Err()
 		}
+		if err != nil {
+			// Held again; if it was stored after all, the next
+			// republish is a duplicate the stream drops.
+			s.w.log.Warn("sorter: move task", "task_id", x.h.id, "err", err)
+			heap.Push(&x.l.held, x.h)
+			x.l.pending--
+			continue
+		}
+		// A lost ack redelivers the original after sorterAckWait; its
+		// republish is then a duplicate too.
+		if err := x.h.m.Ack(); err != nil {
+			s.w.log.Debug("sorter: ack moved task", "task_id", x.h.id, "err", err)
+		}
+	}
+	for _, l := range s.lanes {
 		holding = holding || l.held.Len() > 0
 	}
 	return holding
 }
 
-// move republishes h to its ready subject and acknowledges the original.
-// A task cancelled while it waited is dropped: `gantry task cancel` has
-// removed its message and recorded its end.
-func (s *sorter) move(ctx context.Context, h *held) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if h.waited {
-		rec, _, err := s.w.tasks.Get(ctx, h.id)
-		switch {
-		case errors.Is(err, kv.ErrTaskNotFound):
-		case err != nil:
-			return fmt.Errorf("read task state: %w", err)
-		case rec.State == wire.TaskCancelled && rec.Seq == h.seq:
-			s.w.log.Info("sorter: dropping cancelled task", "task_id", h.id)
-			return h.m.Ack()
-		}
-	}
+// sorted is h's message for its ready subject.
+func (s *sorter) sorted(h *held) *nats.Msg {
 	m := nats.NewMsg(wire.ReadySubject(s.queue.Name, h.typ))
 	m.Data = h.m.Data()
 	// The publisher's own headers go along; the broker's (Nats-Msg-Id,
@@ -369,12 +402,53 @@ func (s *sorter) move(ctx context.Context, h *held) error {
 	m.Header.Set(wire.HeaderTaskID, h.id)
 	m.Header.Set(wire.HeaderIntakeSeq, strconv.FormatUint(h.seq, 10))
 	m.Header.Set(wire.HeaderIntakeTime, h.ts.UTC().Format(time.RFC3339Nano))
-	if _, err := s.w.js.PublishMsg(ctx, m); err != nil {
-		return fmt.Errorf("publish to %s: %w", m.Subject, err)
+	return m
+}
+
+// cancel drops the held task id, if the sorter holds it, and records its
+// end: `gantry task cancel` has recorded it CANCELLED and leaves the rest
+// to whoever answers. It runs on the goroutine of run.
+func (s *sorter) cancel(id string) bool {
+	for _, l := range s.lanes {
+		for i, h := range l.held {
+			if h.id != id {
+				continue
+			}
+			heap.Remove(&l.held, i)
+			if err := h.m.Ack(); err != nil {
+				s.w.log.Warn("sorter: ack cancelled task", "task_id", id, "err", err)
+			}
+			s.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: id, Message: "task cancelled",
+				Payload: audit.Payload(finishedPayload{State: wire.TaskCancelled})})
+			s.w.log.Info("sorter: dropped cancelled task", "task_id", id)
+			return true
+		}
 	}
-	// A lost ack redelivers the original after sorterAckWait; its
-	// republish is then a duplicate the stream drops.
-	return h.m.Ack()
+	return false
+}
+
+// cancelled asks run to drop task id; it reports whether the sorter held
+// it.
+func (s *sorter) cancelled(id string) bool {
+	// `gantry task cancel` waits a second for an answer.
+	timeout := time.NewTimer(time.Second)
+	defer timeout.Stop()
+	answer := make(chan bool, 1)
+	select {
+	case s.cancels <- sorterCancel{id, answer}:
+	case <-s.done:
+		return false
+	case <-timeout.C:
+		return false
+	}
+	select {
+	case ok := <-answer:
+		return ok
+	case <-s.done:
+		return false
+	case <-timeout.C:
+		return false
+	}
 }
 
 // keepAlive extends the ack deadline of every held task.

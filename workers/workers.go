@@ -47,9 +47,10 @@ type Workers struct {
 	idle    chan job
 	runners sync.WaitGroup
 
-	// sorters order the prioritized queues, by queue name; set before the
-	// consumers start, read-only after.
-	sorters map[string]*sorter
+	// consumers are the queue and type consumers; sorters order the
+	// prioritized queues, by queue name. Both are set by New.
+	consumers []*spec
+	sorters   map[string]*sorter
 
 	// pipe publishes the hot path's audit events and task records.
 	pipe *pipeline
@@ -108,6 +109,13 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		idle:     make(chan job),
 		quit:     make(chan struct{}),
 		ready:    make(chan struct{}),
+	}
+	w.consumers = w.specs()
+	w.sorters = map[string]*sorter{}
+	for i := range w.cfg.Queues {
+		if q := &w.cfg.Queues[i]; q.Prioritized {
+			w.sorters[q.Name] = newSorter(w, q, w.consumers)
+		}
 	}
 	w.pipe = newPipeline(nc, ackTimeout, maxPendingWrites, w.writeFailed)
 	w.handlers["noop"] = HandlerFunc(w.runNoop)
@@ -264,11 +272,10 @@ func (w *Workers) Run(ctx context.Context) error {
 			cc.Stop()
 		}
 	}()
-	specs := w.specs()
-	if err := w.prepareConsumers(ctx, stream, specs); err != nil {
+	if err := w.prepareConsumers(ctx, stream); err != nil {
 		return err
 	}
-	for _, sp := range specs {
+	for _, sp := range w.consumers {
 		advSubj := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + wire.StreamTasks + "." + sp.name
 		adv, err := w.nc.QueueSubscribe(advSubj, "gantry-workers", func(m *nats.Msg) { w.maxDeliveries(ctx, stream, m.Data) })
 		if err != nil {
@@ -352,23 +359,18 @@ func (w *Workers) Run(ctx context.Context) error {
 	return nil
 }
 
-// prepareConsumers makes the sorters of the prioritized queues and removes
-// the consumers a queue had under other settings: when a queue becomes
+// prepareConsumers removes the consumers a queue had under other settings: when a queue becomes
 // prioritized or stops being so, or its type limits change, its old
 // consumers would overlap the new ones, and a new consumer starts from the
 // first task of the stream, so none is skipped. A FIFO queue that was
 // prioritized also takes the tasks already sorted.
-func (w *Workers) prepareConsumers(ctx context.Context, stream jetstream.Stream, specs []*spec) error {
-	w.sorters = map[string]*sorter{}
+func (w *Workers) prepareConsumers(ctx context.Context, stream jetstream.Stream) error {
 	want := map[string]bool{}
-	for _, sp := range specs {
+	for _, sp := range w.consumers {
 		want[sp.name] = true
 	}
-	for i := range w.cfg.Queues {
-		if q := &w.cfg.Queues[i]; q.Prioritized {
-			w.sorters[q.Name] = newSorter(w, q, specs)
-			want[sorterName(q.Name)] = true
-		}
+	for _, s := range w.sorters {
+		want[s.name] = true
 	}
 	lister := stream.ListConsumers(ctx)
 	var stale []*jetstream.ConsumerInfo
@@ -387,7 +389,7 @@ func (w *Workers) prepareConsumers(ctx context.Context, stream jetstream.Stream,
 		w.log.Warn("removed a consumer of the queue's former settings; every worker of a queue must agree on them",
 			"queue", w.ownQueue(info.Config), "consumer", info.Name)
 	}
-	for _, sp := range specs {
+	for _, sp := range w.consumers {
 		if sp.queue.Prioritized {
 			continue
 		}
@@ -459,6 +461,7 @@ func (w *Workers) cancelRunning(m *nats.Msg) {
 	cancel := w.running[id]
 	w.rmu.Unlock()
 	if cancel == nil {
+		w.cancelHeld(m, id)
 		return
 	}
 	w.log.Info("cancelling task", "task_id", id)
@@ -470,6 +473,22 @@ func (w *Workers) cancelRunning(m *nats.Msg) {
 		if err := m.Respond([]byte("cancelling")); err != nil {
 			w.log.Warn("answer cancel request", "task_id", id, "err", err)
 		}
+	}
+}
+
+// cancelHeld drops task id if a sorter of this process holds it, and
+// answers for it as for a running task.
+func (w *Workers) cancelHeld(m *nats.Msg, id string) {
+	for _, s := range w.sorters {
+		if !s.cancelled(id) {
+			continue
+		}
+		if m.Reply != "" {
+			if err := m.Respond([]byte("dropped")); err != nil {
+				w.log.Warn("answer cancel request", "task_id", id, "err", err)
+			}
+		}
+		return
 	}
 }
 
