@@ -232,3 +232,32 @@ func TestPriorityHandBackAndSwitchToFIFO(t *testing.T) {
 	}
 	b.waitEmpty(t, 10*time.Second)
 }
+
+// A prioritized queue with type limits sorts each type for its own
+// consumer: a busy type does not hold up another.
+func TestPrioritySplitByType(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := newRecorder("a-first")
+	b.start(t, Config{Queues: []Queue{{Name: "split", Concurrency: 4, Prioritized: true,
+		Types: map[string]Type{"a": {Concurrency: 1}, "b": {Concurrency: 1}}}}, Policy: fastPolicy},
+		map[string]Handler{"a": rec, "b": rec})
+	a, bb := wire.TaskSubject("split", "a"), wire.TaskSubject("split", "b")
+	b.publish(t, a, `{"id":"a-first"}`)
+	rec.wait(t, 1)
+	b.publish(t, a, `{"id":"a-low-1"}`)
+	b.publish(t, a, `{"id":"a-low-2"}`)
+	b.publish(t, a, `{"id":"a-high","priority":3}`)
+	// Type b runs while a's one slot is busy.
+	b.publish(t, bb, `{"id":"b-1"}`)
+	if got := rec.wait(t, 1); got[len(got)-1] != "b-1" {
+		t.Fatalf("started %v, want b-1 while a-first runs", got)
+	}
+	b.waitHeld(t, "split", 2)
+	close(rec.release)
+	got := rec.wait(t, 3)
+	if want := []string{"a-first", "b-1", "a-low-1", "a-high", "a-low-2"}; !slices.Equal(got, want) {
+		t.Fatalf("start order = %v, want %v", got, want)
+	}
+	b.waitEmpty(t, 10*time.Second)
+}

@@ -61,7 +61,9 @@ type sorter struct {
 	queue *Queue
 	name  string
 	// lanes are the ready consumers of the queue, by task type; "" is the
-	// consumer of the whole queue (or of the types it has no lane for).
+	// consumer of the whole queue, otherTypes the types a queue split by
+	// type does not run. Fixed by newSorter: delivered reads it from the
+	// runners.
 	lanes map[string]*lane
 	in    chan jetstream.Msg
 	kick  chan struct{}
@@ -143,6 +145,11 @@ func newSorter(w *Workers, q *Queue, specs []*spec) *sorter {
 			l.seen.Store(-1)
 			s.lanes[sp.typ] = l
 		}
+	}
+	if _, ok := s.lanes[""]; !ok {
+		l := &lane{}
+		l.seen.Store(-1)
+		s.lanes[otherTypes] = l
 	}
 	return s
 }
@@ -302,13 +309,13 @@ func (s *sorter) lane(typ string) *lane {
 	if l, ok := s.lanes[""]; ok {
 		return l
 	}
-	// A queue split by type runs only its listed types: another type
-	// waits on its own lane, unconsumed, as it would on gantry.tasks.
-	l := &lane{}
-	l.seen.Store(-1)
-	s.lanes[typ] = l
-	return l
+	return s.lanes[otherTypes]
 }
+
+// otherTypes keys the lane of a queue split by type for the types it does
+// not list: it runs none of them, so they go to their ready subjects at
+// once and wait there unconsumed, as they would on gantry.tasks.
+const otherTypes = "*"
 
 // refresh asks the broker how many sorted tasks wait on every lane that
 // holds tasks it could not forward.
