@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,5 +73,16 @@ func TestPrioritizedQueue(t *testing.T) {
 	}
 	if want := "low-1\nhigh\nlow-2\n"; string(got) != want {
 		t.Errorf("run order = %q, want %q", got, want)
+	}
+}
+
+// 'gantry run' takes the worker flags and refuses bad ones before it
+// starts anything.
+func TestRunWorkerFlags(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := runInProcess(t, "run", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "",
+		"--queue", "urgent", "--prioritize", "nope")
+	if code != exitUsage || !strings.Contains(stderr, "--prioritize") {
+		t.Errorf("run --prioritize nope = exit %d (%s), want %d naming --prioritize", code, stderr, exitUsage)
 	}
 }

@@ -12,21 +12,29 @@ import (
 
 func (a *app) runCommand() *cobra.Command {
 	var sf serverFlags
+	var wf workerFlags
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the embedded broker and every component in one process",
 		Long: `Run starts the embedded NATS JetStream broker and every gantry component in
 one process, and logs a line containing "ready" once clients can connect and
-every component runs. SIGINT or SIGTERM drains and stops it.`,
+every component runs. SIGINT or SIGTERM drains and stops it.
+
+The workers take the flags of 'gantry worker' (--queue, --concurrency,
+--prioritize...): by default they run the queue "default".`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd.Context(), &sf) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd.Context(), &sf, &wf) },
 	}
 	sf.register(cmd)
 	sf.audit.register(cmd.Flags())
+	wf.register(cmd)
 	return cmd
 }
 
-func (a *app) run(ctx context.Context, sf *serverFlags) error {
+func (a *app) run(ctx context.Context, sf *serverFlags, wf *workerFlags) error {
+	if _, err := wf.config(slog.New(slog.DiscardHandler)); err != nil {
+		return err
+	}
 	return a.serve(ctx, sf, func(p *process, b *broker.Broker, cfg *config.File, log *slog.Logger) error {
 		// Keeper: registers the config's resources (an existing one keeps its
 		// state), records lease expiries (LEASE_EXPIRED) and returns resources
@@ -71,13 +79,14 @@ func (a *app) run(ctx context.Context, sf *serverFlags) error {
 			return err
 		}
 
-		// Workers: run the tasks of the default queue (see 'gantry worker
-		// --help'); http tasks with a route go out through gantry_routes.
+		// Workers: run the tasks of the queues of the worker flags (see
+		// 'gantry worker --help'); http tasks with a route go out through
+		// gantry_routes.
 		workNC, workJS, err := p.connect(b, "workers")
 		if err != nil {
 			return err
 		}
-		if err := p.addWorkers(ctx, defaultWorkerFlags(), log, workNC, workJS); err != nil {
+		if err := p.addWorkers(ctx, wf, log, workNC, workJS); err != nil {
 			return err
 		}
 		return nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
@@ -172,6 +173,13 @@ func TestWorkerCommand(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("worker did not stop within 10s of SIGTERM")
 	}
+}
+
+// defaultWorkerFlags are the worker flags at their defaults.
+func defaultWorkerFlags() *workerFlags {
+	f := &workerFlags{}
+	f.register(&cobra.Command{})
+	return f
 }
 
 func TestWorkerFlags(t *testing.T) {

@@ -157,14 +157,6 @@ func parseTypePolicy(s string) (string, workers.Policy, error) {
 	return typ, p, nil
 }
 
-// defaultWorkerFlags are the worker settings of 'gantry run'.
-func defaultWorkerFlags() *workerFlags {
-	cmd := &cobra.Command{}
-	f := &workerFlags{}
-	f.register(cmd)
-	return f
-}
-
 // workerActor runs the workers with the egress route picker they use.
 type workerActor struct {
 	w      *workers.Workers
