@@ -72,12 +72,13 @@ func (a *app) run(ctx context.Context, sf *serverFlags) error {
 		}
 
 		// Workers: run the tasks of the default queue (see 'gantry worker
-		// --help'); http tasks with a route go out through gantry_routes.
+		// --help') with the config's workers section; http tasks with a
+		// route go out through gantry_routes.
 		workNC, workJS, err := p.connect(b, "workers")
 		if err != nil {
 			return err
 		}
-		if err := p.addWorkers(ctx, defaultWorkerFlags(), log, workNC, workJS); err != nil {
+		if err := p.addWorkers(ctx, runWorkerFlags(cfg), log, workNC, workJS); err != nil {
 			return err
 		}
 		return nil
