@@ -102,6 +102,64 @@ func TestProvisionIdempotentAndUpdates(t *testing.T) {
 	}
 }
 
+// TestProvisionUpgradesTasksBucket provisions over a gantry_tasks bucket made
+// as releases before per-key TTLs made it: the update turns TTLs on, keeps
+// the records, and a record written with a TTL then expires.
+func TestProvisionUpgradesTasksBucket(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	if err := env.JS.DeleteKeyValue(ctx(t), wire.BucketTasks); err != nil {
+		t.Fatal(err)
+	}
+	old, err := env.JS.CreateKeyValue(ctx(t), jetstream.KeyValueConfig{
+		Bucket: wire.BucketTasks, Description: "task state by task id", History: 1, Storage: jetstream.FileStorage, Replicas: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Put(ctx(t), "kept", []byte(`{"id":"kept","state":"SUCCEEDED"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.JS.Publish(ctx(t), "$KV."+wire.BucketTasks+".early", []byte(`{}`), jetstream.WithMsgTTL(time.Second)); err == nil {
+		t.Fatal("a TTL put on the old bucket succeeded, want it refused (the test must start from a bucket without TTLs)")
+	}
+
+	if err := broker.Provision(ctx(t), env.NC, broker.ProvisionConfig{}); err != nil {
+		t.Fatalf("Provision over the old bucket: %v", err)
+	}
+	s, err := env.JS.Stream(ctx(t), "KV_"+wire.BucketTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := s.CachedInfo().Config; !cfg.AllowMsgTTL || cfg.SubjectDeleteMarkerTTL != time.Minute {
+		t.Errorf("after Provision, AllowMsgTTL = %v, SubjectDeleteMarkerTTL = %v; want true, 1m", cfg.AllowMsgTTL, cfg.SubjectDeleteMarkerTTL)
+	}
+	b, err := env.JS.KeyValue(ctx(t), wire.BucketTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := b.Get(ctx(t), "kept"); err != nil || e.Revision() != 1 {
+		t.Errorf("after Provision, kept = %v, %v; want revision 1 kept", e, err)
+	}
+	if _, err := env.JS.Publish(ctx(t), "$KV."+wire.BucketTasks+".brief", []byte(`{}`), jetstream.WithMsgTTL(time.Second)); err != nil {
+		t.Fatalf("TTL put after Provision: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := b.Get(ctx(t), "brief")
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Get(brief) = %v 10s after a 1s TTL put, want ErrKeyNotFound", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := b.Get(ctx(t), "kept"); err != nil {
+		t.Errorf("kept after brief expired = %v, want it kept (it has no TTL)", err)
+	}
+}
+
 func TestRestartKeepsData(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

@@ -69,7 +69,8 @@ func Buckets(pc ProvisionConfig) []jetstream.KeyValueConfig {
 		kv(wire.BucketResources, "resources and their state", 5, 0),
 		kv(wire.BucketRoutes, "egress routes and their health", 1, 0),
 		kv(wire.BucketJobs, "scheduled jobs", 5, 0),
-		kv(wire.BucketTasks, "task state by task id", 1, 0),
+		// Per-key TTL: the records of ended tasks expire (kv.TaskStore).
+		kv(wire.BucketTasks, "task state by task id (ended tasks expire)", 1, time.Minute),
 		kv(wire.BucketCheckpoints, "task checkpoints and operation keys", 1, time.Minute),
 		kv(wire.BucketScheduler, "scheduler leader lease and last fire times", 1, time.Minute),
 	}
@@ -84,7 +85,8 @@ func (pc ProvisionConfig) withDefaults() ProvisionConfig {
 
 // Provision creates or updates every stream and KV bucket gantry needs. It
 // is idempotent: running it again on a provisioned server changes nothing,
-// and a changed setting is applied as an update.
+// and a changed setting is applied as an update (a bucket created without
+// per-key TTLs gets them, keeping its keys).
 func Provision(ctx context.Context, nc *nats.Conn, pc ProvisionConfig) error {
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,20 +25,75 @@ var ErrTaskExists = errors.New("task already exists")
 // since it was read.
 var ErrTaskChanged = errors.New("task changed meanwhile")
 
+// DefaultTaskRetention is how long the record of a task that ended
+// SUCCEEDED or CANCELLED is kept unless told otherwise: as long as the audit
+// stream keeps the task's events.
+const DefaultTaskRetention = 7 * 24 * time.Hour
+
+// KeepForever as TaskStoreConfig.Retention keeps the records of ended tasks
+// until they are deleted.
+const KeepForever time.Duration = -1
+
+// TaskStoreConfig tunes a TaskStore.
+type TaskStoreConfig struct {
+	// Retention is how long the record of a task that ended SUCCEEDED or
+	// CANCELLED is kept after it was written: the broker then removes it
+	// (the audit store keeps the task's history). The records of live tasks
+	// (WAITING, RUNNING, RETRY_WAIT) and of NEEDS_REVIEW tasks, the review
+	// queue, never expire. Whole seconds, at least 1 s (the broker's
+	// per-message TTL). Defaults to DefaultTaskRetention; KeepForever keeps
+	// every record.
+	Retention time.Duration
+}
+
+// CheckRetention reports whether d can be a TaskStoreConfig.Retention.
+func CheckRetention(d time.Duration) error {
+	if d == 0 || d == KeepForever || d >= time.Second && d%time.Second == 0 {
+		return nil
+	}
+	return fmt.Errorf("task retention %v: want whole seconds, at least 1s (or keep forever)", d)
+}
+
 // TaskStore is the typed store of task state in wire.BucketTasks: one
-// wire.TaskRecord per key, the key being the task id.
+// wire.TaskRecord per key, the key being the task id. Every write of an
+// ended task's record carries the retention as its per-message TTL (the
+// Nats-TTL header); any other write carries none, so a record that becomes
+// live again stops expiring.
 type TaskStore struct {
 	js jetstream.JetStream
 	kv jetstream.KeyValue
+	// retention is the TTL of an ended task's record; 0 for none.
+	retention time.Duration
+	// ttl is retention as the Nats-TTL header's value, in seconds.
+	ttl string
 }
 
 // NewTaskStore opens the tasks bucket, which the broker provisions.
-func NewTaskStore(ctx context.Context, js jetstream.JetStream) (*TaskStore, error) {
+func NewTaskStore(ctx context.Context, js jetstream.JetStream, cfg TaskStoreConfig) (*TaskStore, error) {
+	if err := CheckRetention(cfg.Retention); err != nil {
+		return nil, err
+	}
 	b, err := js.KeyValue(ctx, wire.BucketTasks)
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketTasks, err)
 	}
-	return &TaskStore{js: js, kv: b}, nil
+	s := &TaskStore{js: js, kv: b}
+	switch cfg.Retention {
+	case KeepForever:
+	case 0:
+		s.retention = DefaultTaskRetention
+	default:
+		s.retention = cfg.Retention
+	}
+	if s.retention > 0 {
+		s.ttl = strconv.FormatInt(int64(s.retention/time.Second), 10)
+	}
+	return s, nil
+}
+
+// expires reports whether the record of a task in state gets the TTL.
+func (s *TaskStore) expires(state wire.TaskState) bool {
+	return s.retention > 0 && (state == wire.TaskSucceeded || state == wire.TaskCancelled)
 }
 
 // KeyValue returns the underlying bucket, for watching.
@@ -67,7 +124,11 @@ func (s *TaskStore) Create(ctx context.Context, r wire.TaskRecord) (uint64, erro
 	if err != nil {
 		return 0, err
 	}
-	rev, err := s.kv.Create(ctx, r.ID, data)
+	var opts []jetstream.KVCreateOpt
+	if s.expires(r.State) {
+		opts = append(opts, jetstream.KeyTTL(s.retention))
+	}
+	rev, err := s.kv.Create(ctx, r.ID, data, opts...)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return 0, fmt.Errorf("task %q: %w", r.ID, ErrTaskExists)
 	}
@@ -79,31 +140,32 @@ func (s *TaskStore) Create(ctx context.Context, r wire.TaskRecord) (uint64, erro
 
 // Update stores r if its record is still at revision rev.
 func (s *TaskStore) Update(ctx context.Context, r wire.TaskRecord, rev uint64) (uint64, error) {
-	data, err := encodeTask(r)
+	m, err := s.PutMsg(r)
 	if err != nil {
 		return 0, err
 	}
-	nrev, err := s.kv.Update(ctx, r.ID, data, rev)
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+	ack, err := s.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev))
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
 		return 0, fmt.Errorf("task %q: %w", r.ID, ErrTaskChanged)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("update task %s: %w", r.ID, err)
 	}
-	return nrev, nil
+	return ack.Sequence, nil
 }
 
 // Put stores r and waits for the bucket's acknowledgement.
 func (s *TaskStore) Put(ctx context.Context, r wire.TaskRecord) (uint64, error) {
-	data, err := encodeTask(r)
+	m, err := s.PutMsg(r)
 	if err != nil {
 		return 0, err
 	}
-	rev, err := s.kv.Put(ctx, r.ID, data)
+	ack, err := s.js.PublishMsg(ctx, m)
 	if err != nil {
 		return 0, fmt.Errorf("put task %s: %w", r.ID, err)
 	}
-	return rev, nil
+	return ack.Sequence, nil
 }
 
 // PutMsg returns the put of r as a message on the bucket's subject, for a
@@ -115,7 +177,11 @@ func (s *TaskStore) PutMsg(r wire.TaskRecord) (*nats.Msg, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &nats.Msg{Subject: "$KV." + wire.BucketTasks + "." + r.ID, Data: data}, nil
+	m := &nats.Msg{Subject: "$KV." + wire.BucketTasks + "." + r.ID, Data: data}
+	if s.expires(r.State) {
+		m.Header = nats.Header{jetstream.MsgTTLHeader: []string{s.ttl}}
+	}
+	return m, nil
 }
 
 // List returns every task record for which keep returns true (all when

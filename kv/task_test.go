@@ -5,8 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
@@ -17,7 +22,7 @@ func TestTaskStore(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
 	ctx := context.Background()
-	s, err := kv.NewTaskStore(ctx, env.JS)
+	s, err := kv.NewTaskStore(ctx, env.JS, kv.TaskStoreConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,6 +81,160 @@ func TestTaskStore(t *testing.T) {
 	}
 	if _, _, err := s.Get(ctx, "t2"); !errors.Is(err, kv.ErrTaskNotFound) {
 		t.Errorf("Get after Delete = %v, want ErrTaskNotFound", err)
+	}
+}
+
+// storedTTL returns the per-message TTL of the stored record of task id, or
+// 0 when it has none.
+func storedTTL(t *testing.T, env *brokertest.Env, id string) time.Duration {
+	t.Helper()
+	ctx := context.Background()
+	str, err := env.JS.Stream(ctx, "KV_"+wire.BucketTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := str.GetLastMsgForSubject(ctx, "$KV."+wire.BucketTasks+"."+id)
+	if err != nil {
+		t.Fatalf("raw record of %s: %v", id, err)
+	}
+	h := m.Header.Get(jetstream.MsgTTLHeader)
+	if h == "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(h); err == nil {
+		return time.Duration(n) * time.Second
+	}
+	d, err := time.ParseDuration(h)
+	if err != nil {
+		t.Fatalf("%s of %s = %q, want seconds or a duration", jetstream.MsgTTLHeader, id, h)
+	}
+	return d
+}
+
+// TestTaskStoreRetention writes every state through every write of the
+// store: SUCCEEDED and CANCELLED records carry the retention as their TTL
+// and disappear, the others carry none and stay, and a record written live
+// again after it ended stays too.
+func TestTaskStoreRetention(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	ctx := context.Background()
+	const retention = time.Second
+	s, err := kv.NewTaskStore(ctx, env.JS, kv.TaskStoreConfig{Retention: retention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	rec := func(id string, st wire.TaskState) wire.TaskRecord {
+		return wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: id, Type: "noop", Queue: "default", State: st, CreatedAt: now, UpdatedAt: now}}
+	}
+	writes := map[string]func(wire.TaskRecord) error{
+		"put":    func(r wire.TaskRecord) error { _, err := s.Put(ctx, r); return err },
+		"create": func(r wire.TaskRecord) error { _, err := s.Create(ctx, r); return err },
+		"update": func(r wire.TaskRecord) error {
+			rev, err := s.Create(ctx, rec(r.ID, wire.TaskWaiting))
+			if err == nil {
+				_, err = s.Update(ctx, r, rev)
+			}
+			return err
+		},
+		"putmsg": func(r wire.TaskRecord) error {
+			m, err := s.PutMsg(r)
+			if err == nil {
+				_, err = env.JS.PublishMsg(ctx, m)
+			}
+			return err
+		},
+	}
+	states := []wire.TaskState{wire.TaskWaiting, wire.TaskRunning, wire.TaskRetryWait, wire.TaskSucceeded, wire.TaskNeedsReview, wire.TaskCancelled}
+	ended := func(st wire.TaskState) bool { return st == wire.TaskSucceeded || st == wire.TaskCancelled }
+	written := map[string]wire.TaskState{}
+	for how, write := range writes {
+		for _, st := range states {
+			id := how + "-" + strings.ToLower(string(st))
+			if err := write(rec(id, st)); err != nil {
+				t.Fatalf("%s %s: %v", how, st, err)
+			}
+			want := time.Duration(0)
+			if ended(st) {
+				want = retention
+			}
+			if got := storedTTL(t, env, id); got != want {
+				t.Errorf("TTL of %s = %v, want %v", id, got, want)
+			}
+			written[id] = st
+		}
+	}
+	// Updated at a stale revision, an ended record is refused like any.
+	if _, err := s.Update(ctx, rec("update-waiting", wire.TaskSucceeded), 1); !errors.Is(err, kv.ErrTaskChanged) {
+		t.Errorf("Update to SUCCEEDED at a stale revision = %v, want ErrTaskChanged", err)
+	}
+	// Ended, then live again: the live write drops the TTL.
+	rev, err := s.Put(ctx, rec("revived", wire.TaskCancelled))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Update(ctx, rec("revived", wire.TaskWaiting), rev); err != nil {
+		t.Fatal(err)
+	}
+	if got := storedTTL(t, env, "revived"); got != 0 {
+		t.Errorf("TTL of revived = %v, want none", got)
+	}
+	written["revived"] = wire.TaskWaiting
+
+	// The last record written with the TTL; once it is gone, every record
+	// written before it with one is due too.
+	if _, err := s.Put(ctx, rec("last", wire.TaskSucceeded)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		_, _, err := s.Get(ctx, "last")
+		if errors.Is(err, kv.ErrTaskNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Get(last) = %v 15s after a put with a %v retention, want ErrTaskNotFound", err, retention)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for id, st := range written {
+		_, _, err := s.Get(ctx, id)
+		gone := errors.Is(err, kv.ErrTaskNotFound)
+		if err != nil && !gone {
+			t.Fatal(err)
+		}
+		if gone != ended(st) {
+			t.Errorf("%s (%s): expired = %v after the retention, want %v", id, st, gone, ended(st))
+		}
+	}
+}
+
+func TestTaskStoreRetentionSettings(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	ctx := context.Background()
+	for _, bad := range []time.Duration{time.Millisecond, 1500 * time.Millisecond, -2} {
+		if _, err := kv.NewTaskStore(ctx, env.JS, kv.TaskStoreConfig{Retention: bad}); err == nil {
+			t.Errorf("NewTaskStore(retention %v) = nil error, want one", bad)
+		}
+	}
+	forever, err := kv.NewTaskStore(ctx, env.JS, kv.TaskStoreConfig{Retention: kv.KeepForever})
+	if err != nil {
+		t.Fatal(err)
+	}
+	def, err := kv.NewTaskStore(ctx, env.JS, kv.TaskStoreConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s, want := range map[*kv.TaskStore]time.Duration{forever: 0, def: kv.DefaultTaskRetention} {
+		r := wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: fmt.Sprintf("t%d", want), State: wire.TaskSucceeded}}
+		if _, err := s.Put(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if got := storedTTL(t, env, r.ID); got != want {
+			t.Errorf("TTL of a SUCCEEDED record = %v, want %v", got, want)
+		}
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/kv"
 )
 
 // Config configures the workers of one process.
@@ -38,6 +39,13 @@ type Config struct {
 	// worker dies on every delivery. Defaults to 2000, above MaxDelays
 	// plus the usual attempts.
 	MaxDeliver int
+	// TaskRetention is how long the record of a task that ended SUCCEEDED
+	// or CANCELLED stays in gantry_tasks after its last write; the broker
+	// then removes it, and the audit store keeps the task's history.
+	// NEEDS_REVIEW records (the review queue) and live tasks' records never
+	// expire. Whole seconds, at least 1 s. Defaults to 7 days
+	// (kv.DefaultTaskRetention); kv.KeepForever keeps every record.
+	TaskRetention time.Duration
 	// KeyTTL is how long a task's key deduplicates. Defaults to 24 hours,
 	// the stream's Nats-Msg-Id window.
 	KeyTTL time.Duration
@@ -180,6 +188,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.BusyDelay = cmp.Or(c.BusyDelay, time.Second)
 	c.MaxDeliver = cmp.Or(c.MaxDeliver, 2000)
 	c.KeyTTL = cmp.Or(c.KeyTTL, 24*time.Hour)
+	c.TaskRetention = cmp.Or(c.TaskRetention, kv.DefaultTaskRetention)
 	c.StateDelay = cmp.Or(c.StateDelay, 250*time.Millisecond)
 	c.OutputTail = cmp.Or(c.OutputTail, 4096)
 	c.KillGrace = cmp.Or(c.KillGrace, 2*time.Second)
@@ -196,6 +205,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.KeyTTL < time.Second {
 		return c, fmt.Errorf("key ttl %v: want at least 1s", c.KeyTTL)
+	}
+	if err := kv.CheckRetention(c.TaskRetention); err != nil {
+		return c, err
 	}
 	seen := map[string]bool{}
 	for i := range c.Queues {

@@ -30,7 +30,7 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	env := brokertest.Start(t)
-	ts, err := kv.NewTaskStore(context.Background(), env.JS)
+	ts, err := kv.NewTaskStore(context.Background(), env.JS, kv.TaskStoreConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

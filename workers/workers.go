@@ -228,7 +228,7 @@ func (w *Workers) Run(ctx context.Context) error {
 	default:
 	}
 	var err error
-	if w.tasks, err = kv.NewTaskStore(ctx, w.js); err != nil {
+	if w.tasks, err = kv.NewTaskStore(ctx, w.js, kv.TaskStoreConfig{Retention: w.cfg.TaskRetention}); err != nil {
 		return err
 	}
 	if w.cps, err = kv.NewCheckpointStore(ctx, w.js); err != nil {

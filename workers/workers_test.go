@@ -2,6 +2,7 @@ package workers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/kv"
 )
 
 func TestPlainPublishRuns(t *testing.T) {
@@ -386,15 +388,67 @@ func TestTypeConcurrency(t *testing.T) {
 	}
 }
 
+// TestTaskRetention ends tasks every way a worker ends them under a 1 s
+// retention: the SUCCEEDED and CANCELLED records disappear, the NEEDS_REVIEW
+// ones (a permanent failure, max deliveries) stay.
+func TestTaskRetention(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	busy := HandlerFunc(func(context.Context, *Task) error { return RetryAfter(errFlaky, 20*time.Millisecond) })
+	b.start(t, Config{TaskRetention: time.Second, MaxDeliver: 3, Policy: fastPolicy}, map[string]Handler{
+		"perm": HandlerFunc(func(context.Context, *Task) error { return Permanent(fmt.Errorf("bad row")) }),
+		"busy": busy,
+	})
+	b.publish(t, wire.TaskSubject("", "noop"), `{"id":"ok"}`)
+	b.publish(t, wire.TaskSubject("", "noop"), `{"id":"cancelled","payload":{"sleep":"1m"}}`)
+	b.publish(t, wire.TaskSubject("", "perm"), `{"id":"failed"}`)
+	b.publish(t, wire.TaskSubject("", "busy"), `{"id":"stuck"}`)
+	b.waitEvents(t, "cancelled", wire.EventTaskStarted, 1, 10*time.Second)
+	if err := b.env.NC.Publish(wire.SubjectTaskCancel, []byte("cancelled")); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"ok", "cancelled", "failed", "stuck"} {
+		b.waitEvents(t, id, wire.EventTaskFinished, 1, 15*time.Second)
+	}
+	b.waitState(t, "failed", wire.TaskNeedsReview, 5*time.Second)
+	b.waitState(t, "stuck", wire.TaskNeedsReview, 5*time.Second)
+	b.publish(t, wire.TaskSubject("", "noop"), `{"id":"last"}`)
+	b.waitEvents(t, "last", wire.EventTaskFinished, 1, 10*time.Second)
+
+	// The ended records go; once the last one, written after the review
+	// queue, is gone, the review queue is past the retention too and must
+	// still be there.
+	deadline := time.Now().Add(15 * time.Second)
+	for _, id := range []string{"ok", "cancelled", "last"} {
+		for {
+			_, _, err := b.tasks.Get(context.Background(), id)
+			if errors.Is(err, kv.ErrTaskNotFound) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("record of %s: Get = %v 15s after it ended, want ErrTaskNotFound", id, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for _, id := range []string{"failed", "stuck"} {
+		if rec, _, err := b.tasks.Get(context.Background(), id); err != nil || rec.State != wire.TaskNeedsReview {
+			t.Errorf("record of %s = %s, %v; want NEEDS_REVIEW kept", id, rec.State, err)
+		}
+	}
+}
+
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	for name, cfg := range map[string]Config{
-		"bad queue":     {Queues: []Queue{{Name: "a.b"}}},
-		"twice":         {Queues: []Queue{{Name: "a"}, {Name: "a"}}},
-		"short ack":     {Queues: []Queue{{Name: "a", AckWait: time.Millisecond}}},
-		"bad type":      {Queues: []Queue{{Name: "a", Types: map[string]Type{"x y": {}}}}},
-		"neg type conc": {Queues: []Queue{{Name: "a", Types: map[string]Type{"x": {Concurrency: -1}}}}},
-		"short lease":   {LeaseTTL: time.Millisecond},
+		"bad queue":            {Queues: []Queue{{Name: "a.b"}}},
+		"twice":                {Queues: []Queue{{Name: "a"}, {Name: "a"}}},
+		"short ack":            {Queues: []Queue{{Name: "a", AckWait: time.Millisecond}}},
+		"bad type":             {Queues: []Queue{{Name: "a", Types: map[string]Type{"x y": {}}}}},
+		"neg type conc":        {Queues: []Queue{{Name: "a", Types: map[string]Type{"x": {Concurrency: -1}}}}},
+		"short lease":          {LeaseTTL: time.Millisecond},
+		"sub-second retention": {TaskRetention: 1500 * time.Millisecond},
+		"negative retention":   {TaskRetention: -time.Hour},
 	} {
 		if _, err := cfg.withDefaults(); err == nil {
 			t.Errorf("%s: withDefaults = nil, want an error", name)
@@ -405,7 +459,7 @@ func TestConfigValidation(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(c.Queues) != 1 || c.Queues[0].Name != "default" || c.Queues[0].Concurrency != 64 || c.Queues[0].AckWait != 30*time.Second ||
-		c.Policy != defaultPolicy || c.MaxPayload != 1<<20 || c.KillGrace != 2*time.Second {
+		c.Policy != defaultPolicy || c.MaxPayload != 1<<20 || c.KillGrace != 2*time.Second || c.TaskRetention != 7*24*time.Hour {
 		t.Errorf("defaults = %+v, want the documented ones", c)
 	}
 	if _, err := New(Config{}, nil); err == nil {

@@ -2,11 +2,9 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -14,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gantry-dev/gantry/auditd"
+	"github.com/gantry-dev/gantry/internal/config"
 )
 
 // auditdFlags are the audit store's flags, on `gantry auditd` and
@@ -37,7 +36,8 @@ func (f *auditdFlags) config(dir string, log *slog.Logger) auditd.Config {
 	return auditd.Config{Dir: dir, Retention: ret, Logger: log.With("component", "auditd")}
 }
 
-// retentionValue is a duration flag that also takes days ("30d").
+// retentionValue is a duration flag that also takes days ("30d"), as the
+// config file's retentions do.
 type retentionValue time.Duration
 
 func (r *retentionValue) String() string {
@@ -49,21 +49,9 @@ func (r *retentionValue) String() string {
 }
 
 func (r *retentionValue) Set(s string) error {
-	var d time.Duration
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.ParseUint(days, 10, 32)
-		if err != nil {
-			return fmt.Errorf("%q: want a Go duration (36h) or whole days (30d)", s)
-		}
-		d = time.Duration(n) * 24 * time.Hour
-	} else {
-		var err error
-		if d, err = time.ParseDuration(s); err != nil {
-			return fmt.Errorf("%q: want a Go duration (36h) or whole days (30d)", s)
-		}
-	}
-	if d < 0 {
-		return fmt.Errorf("%q: want a duration of 0 or more", s)
+	d, err := config.ParseRetention(s)
+	if err != nil {
+		return err
 	}
 	*r = retentionValue(d)
 	return nil

@@ -23,7 +23,9 @@ every component runs. SIGINT or SIGTERM drains and stops it.
 The workers take the flags of 'gantry worker' (--queue, --concurrency,
 --prioritize...): by default they run the queue "default".`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.run(cmd.Context(), &sf, &wf) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.run(cmd.Context(), &sf, &wf, cmd.Flags().Changed)
+		},
 	}
 	sf.register(cmd)
 	sf.audit.register(cmd.Flags())
@@ -31,7 +33,7 @@ The workers take the flags of 'gantry worker' (--queue, --concurrency,
 	return cmd
 }
 
-func (a *app) run(ctx context.Context, sf *serverFlags, wf *workerFlags) error {
+func (a *app) run(ctx context.Context, sf *serverFlags, wf *workerFlags, changed func(name string) bool) error {
 	if _, err := wf.config(slog.New(slog.DiscardHandler)); err != nil {
 		return err
 	}
@@ -80,12 +82,13 @@ func (a *app) run(ctx context.Context, sf *serverFlags, wf *workerFlags) error {
 		}
 
 		// Workers: run the tasks of the queues of the worker flags (see
-		// 'gantry worker --help'); http tasks with a route go out through
-		// gantry_routes.
+		// 'gantry worker --help') with the config's workers section under
+		// them; http tasks with a route go out through gantry_routes.
 		workNC, workJS, err := p.connect(b, "workers")
 		if err != nil {
 			return err
 		}
+		wf.fromConfig(cfg, changed)
 		if err := p.addWorkers(ctx, wf, log, workNC, workJS); err != nil {
 			return err
 		}

@@ -119,7 +119,8 @@ func (a *app) submit(ctx context.Context, typ string, f *submitFlags) error {
 		return err
 	}
 	defer nc.Close()
-	tasks, err := kv.NewTaskStore(ctx, js)
+	// Submit writes only WAITING records, which never expire.
+	tasks, err := kv.NewTaskStore(ctx, js, kv.TaskStoreConfig{})
 	if err != nil {
 		return err
 	}

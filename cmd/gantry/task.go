@@ -32,12 +32,12 @@ less the deliveries that only delayed it). See docs/tasks.md.`,
 }
 
 // taskStore connects and opens the tasks bucket.
-func (a *app) taskStore(ctx context.Context) (*nats.Conn, jetstream.JetStream, *kv.TaskStore, error) {
+func (a *app) taskStore(ctx context.Context, cfg kv.TaskStoreConfig) (*nats.Conn, jetstream.JetStream, *kv.TaskStore, error) {
 	nc, js, err := a.client.connect("gantry-task")
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	tasks, err := kv.NewTaskStore(ctx, js)
+	tasks, err := kv.NewTaskStore(ctx, js, cfg)
 	if err != nil {
 		nc.Close()
 		return nil, nil, nil, err
@@ -61,7 +61,7 @@ func (a *app) taskGetCommand() *cobra.Command {
 		Args:  exactArgs(1, "ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			nc, _, tasks, err := a.taskStore(ctx)
+			nc, _, tasks, err := a.taskStore(ctx, kv.TaskStoreConfig{})
 			if err != nil {
 				return err
 			}
@@ -106,7 +106,7 @@ func (a *app) taskLsCommand() *cobra.Command {
 				return usageError("--state %q: want WAITING, RUNNING, RETRY_WAIT, SUCCEEDED, NEEDS_REVIEW or CANCELLED", state)
 			}
 			ctx := cmd.Context()
-			nc, _, tasks, err := a.taskStore(ctx)
+			nc, _, tasks, err := a.taskStore(ctx, kv.TaskStoreConfig{})
 			if err != nil {
 				return err
 			}
@@ -155,7 +155,9 @@ another state exits 2; an unknown one exits 4.`,
 }
 
 func (a *app) taskRetry(ctx context.Context, id string) error {
-	nc, js, tasks, err := a.taskStore(ctx)
+	// Retry writes WAITING (and NEEDS_REVIEW back on failure): no TTL, so
+	// the record no longer expires.
+	nc, js, tasks, err := a.taskStore(ctx, kv.TaskStoreConfig{})
 	if err != nil {
 		return err
 	}
@@ -239,20 +241,29 @@ func (a *app) taskRetry(ctx context.Context, id string) error {
 const cancelAnswerWait = time.Second
 
 func (a *app) taskCancelCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "cancel ID",
+	retention := retentionValue(kv.DefaultTaskRetention)
+	cmd := &cobra.Command{
+		Use:   "cancel ID [--task-retention D]",
 		Short: "Cancel a task: a waiting one is removed, a running one is stopped",
 		Long: `Cancel sets a task CANCELLED. A task waiting in the stream (WAITING,
 RETRY_WAIT) is removed from it; a running one is stopped by its worker (an
-exec task's whole process tree is killed). A task that has ended exits 2;
-an unknown one exits 4.`,
+exec task's whole process tree is killed), which records the end with its
+own --task-retention. A task that has ended exits 2; an unknown one exits 4.`,
 		Args: exactArgs(1, "ID"),
-		RunE: func(cmd *cobra.Command, args []string) error { return a.taskCancel(cmd.Context(), args[0]) },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := taskRetention(retention)
+			if err != nil {
+				return err
+			}
+			return a.taskCancel(cmd.Context(), args[0], cfg)
+		},
 	}
+	cmd.Flags().Var(&retention, "task-retention", "how long the CANCELLED record is kept (as the workers' --task-retention); 0 keeps it")
+	return cmd
 }
 
-func (a *app) taskCancel(ctx context.Context, id string) error {
-	nc, js, tasks, err := a.taskStore(ctx)
+func (a *app) taskCancel(ctx context.Context, id string, cfg kv.TaskStoreConfig) error {
+	nc, js, tasks, err := a.taskStore(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/config"
+	"github.com/gantry-dev/gantry/kv"
 )
 
 // taskJSON runs 'gantry task get ID --json' and decodes the record.
@@ -137,6 +140,86 @@ func TestSubmitAndTaskCommands(t *testing.T) {
 	}
 }
 
+// waitTaskGone polls 'gantry task get' until it exits 4.
+func waitTaskGone(t *testing.T, url, id string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, out, stderr := runInProcess(t, "task", "get", id, "--server", url)
+		if code == exitNotFound {
+			return
+		}
+		if code != exitOK || time.Now().After(deadline) {
+			t.Fatalf("task get %s = exit %d (%s%s), want 4 within 20s", id, code, out, stderr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestTaskRetention runs 'gantry run' with a 1 s task retention: a
+// SUCCEEDED and a CANCELLED record disappear ('task get' exits 4), while a
+// NEEDS_REVIEW record, and one retried from NEEDS_REVIEW, stay.
+func TestTaskRetention(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "gantry.yaml")
+	if err := os.WriteFile(path, []byte("workers: {task_retention: 1s}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, ready := startGantry(t, "run", "--config", path, "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
+	url := ready.NATS
+	submit := func(args ...string) {
+		t.Helper()
+		if code, out, stderr := runInProcess(t, append([]string{"submit", "--server", url}, args...)...); code != exitOK && code != exitFailure {
+			t.Fatalf("submit %v = exit %d, %q (%s)", args, code, out, stderr)
+		}
+	}
+	fail := `{"cmd":["sh","-c","exit 3"],"fail_exit_codes":[3]}`
+	submit("noop", "--id", "done", "--wait")
+	submit("exec", "--id", "review", "--payload", fail, "--wait")
+	submit("exec", "--id", "retried", "--payload", fail, "--wait")
+	submit("noop", "--id", "later", "--not-before", time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
+	waitTaskState(t, url, "later", wire.TaskWaiting)
+	if code, _, stderr := runInProcess(t, "task", "cancel", "later", "--task-retention", "1s", "--server", url); code != exitOK {
+		t.Fatalf("task cancel later = exit %d (%s), want 0", code, stderr)
+	}
+	if code, _, stderr := runInProcess(t, "task", "retry", "retried", "--server", url); code != exitOK {
+		t.Fatalf("task retry = exit %d (%s), want 0", code, stderr)
+	}
+	_, js := brokertest.Connect(t, url)
+	if ttl := recordTTL(t, js, "retried"); ttl != "" {
+		t.Errorf("Nats-TTL of the retried record = %q, want none", ttl)
+	}
+	// Written after the others: once its record is gone, theirs are past
+	// the retention too.
+	submit("noop", "--id", "last", "--wait")
+	for _, id := range []string{"done", "later", "last"} {
+		waitTaskGone(t, url, id)
+	}
+	for _, id := range []string{"review", "retried"} {
+		if code, _, stderr := runInProcess(t, "task", "get", id, "--server", url); code != exitOK {
+			t.Errorf("task get %s = exit %d (%s), want 0: a NEEDS_REVIEW or retried record does not expire", id, code, stderr)
+		}
+	}
+	if code, _, stderr := runInProcess(t, "task", "cancel", "review", "--task-retention", "1500ms", "--server", url); code != exitUsage {
+		t.Errorf("task cancel --task-retention 1500ms = exit %d (%s), want 2", code, stderr)
+	}
+}
+
+// recordTTL returns the Nats-TTL header of task id's stored record.
+func recordTTL(t *testing.T, js jetstream.JetStream, id string) string {
+	t.Helper()
+	ctx := context.Background()
+	s, err := js.Stream(ctx, "KV_"+wire.BucketTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, "$KV."+wire.BucketTasks+"."+id)
+	if err != nil {
+		t.Fatalf("raw record of %s: %v", id, err)
+	}
+	return m.Header.Get(jetstream.MsgTTLHeader)
+}
+
 func TestWorkerCommand(t *testing.T) {
 	t.Parallel()
 	_, ready := startGantry(t, "broker", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
@@ -206,6 +289,30 @@ func TestWorkerFlags(t *testing.T) {
 	if cfg, err = f.config(brokertest.Logger(t)); err != nil || cfg.Queues[0].Prioritized || !cfg.Queues[1].Prioritized || cfg.Queues[1].PriorityWindow != 50 {
 		t.Errorf("--prioritize batch --priority-window 50 = %+v, %v; want batch prioritized, window 50", cfg.Queues, err)
 	}
+	if cfg.TaskRetention != kv.DefaultTaskRetention {
+		t.Errorf("TaskRetention = %v, want %v by default", cfg.TaskRetention, kv.DefaultTaskRetention)
+	}
+	for in, want := range map[string]time.Duration{"0": kv.KeepForever, "30d": 30 * 24 * time.Hour, "2s": 2 * time.Second} {
+		f := defaultWorkerFlags()
+		if err := f.retention.Set(in); err != nil {
+			t.Fatal(err)
+		}
+		if cfg, err := f.config(brokertest.Logger(t)); err != nil || cfg.TaskRetention != want {
+			t.Errorf("--task-retention %s: TaskRetention = %v, %v; want %v", in, cfg.TaskRetention, err, want)
+		}
+	}
+	// gantry run: the config file's task_retention, unless the flag is set.
+	two := config.Retention(48 * time.Hour)
+	file := &config.File{}
+	file.Workers.TaskRetention = &two
+	for changed, want := range map[bool]time.Duration{false: 48 * time.Hour, true: 3 * time.Second} {
+		f := defaultWorkerFlags()
+		f.retention = retentionValue(3 * time.Second)
+		f.fromConfig(file, func(string) bool { return changed })
+		if time.Duration(f.retention) != want {
+			t.Errorf("fromConfig, flag set %v: retention %v, want %v", changed, time.Duration(f.retention), want)
+		}
+	}
 	for _, bad := range []func(*workerFlags){
 		func(f *workerFlags) { f.queues = []string{"a.b"} },
 		func(f *workerFlags) { f.queues = []string{"a=0"} },
@@ -216,6 +323,7 @@ func TestWorkerFlags(t *testing.T) {
 		func(f *workerFlags) { f.ackWait = time.Millisecond },
 		func(f *workerFlags) { f.prioritize = []string{"nope"} },
 		func(f *workerFlags) { f.window = 0 },
+		func(f *workerFlags) { f.retention = retentionValue(1500 * time.Millisecond) },
 	} {
 		f := defaultWorkerFlags()
 		bad(f)

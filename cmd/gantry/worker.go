@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/workers"
 )
@@ -36,6 +37,7 @@ type workerFlags struct {
 	timeout     time.Duration
 	maxPayload  int
 	killGrace   time.Duration
+	retention   retentionValue
 }
 
 func (f *workerFlags) register(cmd *cobra.Command) {
@@ -55,6 +57,21 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.timeout, "task-timeout", 10*time.Minute, "default timeout of one attempt (a task's timeout wins)")
 	fl.IntVar(&f.maxPayload, "max-payload", 1<<20, "largest task message in bytes; a larger one is rejected")
 	fl.DurationVar(&f.killGrace, "kill-grace", 2*time.Second, "time between SIGTERM and SIGKILL of an exec task's process tree on timeout or cancel")
+	f.retention = retentionValue(kv.DefaultTaskRetention)
+	fl.Var(&f.retention, "task-retention", "how long the record of a task that ended SUCCEEDED or CANCELLED is kept, in whole seconds (e.g. 30d, 36h); 0 keeps every record")
+}
+
+// taskRetention turns a --task-retention into the task store's setting:
+// 0 keeps every record.
+func taskRetention(r retentionValue) (kv.TaskStoreConfig, error) {
+	d := time.Duration(r)
+	if d == 0 {
+		d = kv.KeepForever
+	}
+	if err := kv.CheckRetention(d); err != nil {
+		return kv.TaskStoreConfig{}, usageError("--task-retention %v: want whole seconds, at least 1s, or 0 to keep every record", time.Duration(r))
+	}
+	return kv.TaskStoreConfig{Retention: d}, nil
 }
 
 // config turns the flags into the workers' Config.
@@ -103,14 +120,19 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 		f.backoffMax < f.backoffBase || f.timeout <= 0 || f.maxPayload < 1 {
 		return workers.Config{}, usageError("worker flags: want --concurrency ≥ 1, --priority-window ≥ 1, --max-attempts ≥ 1, --ack-wait ≥ 100ms, 0 < --backoff-base ≤ --backoff-max, --task-timeout > 0, --max-payload ≥ 1")
 	}
+	tc, err := taskRetention(f.retention)
+	if err != nil {
+		return workers.Config{}, err
+	}
 	return workers.Config{
 		Name:   f.name,
 		Queues: queues,
 		Policy: workers.Policy{MaxAttempts: f.maxAttempts, BackoffBase: f.backoffBase, BackoffMax: f.backoffMax,
 			Delay: f.delay, Timeout: f.timeout},
-		MaxPayload: f.maxPayload,
-		KillGrace:  f.killGrace,
-		Logger:     log.With("component", "workers"),
+		MaxPayload:    f.maxPayload,
+		KillGrace:     f.killGrace,
+		TaskRetention: tc.Retention,
+		Logger:        log.With("component", "workers"),
 	}, nil
 }
 
@@ -155,6 +177,14 @@ func parseTypePolicy(s string) (string, workers.Policy, error) {
 		}
 	}
 	return typ, p, nil
+}
+
+// fromConfig fills the settings the command line left alone from the
+// config file's workers section ('gantry run').
+func (f *workerFlags) fromConfig(cfg *config.File, changed func(name string) bool) {
+	if r := cfg.Workers.TaskRetention; r != nil && !changed("task-retention") {
+		f.retention = retentionValue(*r)
+	}
 }
 
 // workerActor runs the workers with the egress route picker they use.

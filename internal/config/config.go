@@ -9,6 +9,8 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"strconv"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -33,6 +35,17 @@ type File struct {
 	Databases []Database `yaml:"databases"`
 	// Jobs are applied to gantry_jobs at start.
 	Jobs []Job `yaml:"jobs"`
+	// Workers configures the workers of 'gantry run'.
+	Workers Workers `yaml:"workers"`
+}
+
+// Workers configures the workers 'gantry run' starts; 'gantry worker' takes
+// the same settings as flags.
+type Workers struct {
+	// TaskRetention is how long the record of a task that ended SUCCEEDED
+	// or CANCELLED stays in gantry_tasks after its last write, in whole
+	// seconds ("36h", "30d"); 0 keeps every record. Defaults to 7d.
+	TaskRetention *Retention `yaml:"task_retention"`
 }
 
 // Auth lists the broker's users.
@@ -152,6 +165,46 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 // Std returns d as a time.Duration.
 func (d Duration) Std() time.Duration { return time.Duration(d) }
 
+// Retention is a retention period written as a Go duration ("36h") or as
+// whole days ("30d"); 0 means keep forever.
+type Retention time.Duration
+
+// UnmarshalYAML parses a retention with ParseRetention.
+func (r *Retention) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: want a duration such as 36h or 30d", n.Line)
+	}
+	d, err := ParseRetention(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*r = Retention(d)
+	return nil
+}
+
+// ParseRetention reads a retention period: a Go duration ("36h") or whole
+// days ("30d"), 0 or more.
+func ParseRetention(s string) (time.Duration, error) {
+	var d time.Duration
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.ParseUint(days, 10, 32)
+		if err != nil {
+			return 0, fmt.Errorf("%q: want a Go duration (36h) or whole days (30d)", s)
+		}
+		d = time.Duration(n) * 24 * time.Hour
+	} else {
+		var err error
+		if d, err = time.ParseDuration(s); err != nil {
+			return 0, fmt.Errorf("%q: want a Go duration (36h) or whole days (30d)", s)
+		}
+	}
+	if d < 0 {
+		return 0, fmt.Errorf("%q: want a duration of 0 or more", s)
+	}
+	return d, nil
+}
+
 // Load reads and validates the config file at path.
 func Load(path string) (*File, error) {
 	data, err := os.ReadFile(path)
@@ -236,6 +289,10 @@ func (f *File) validate() error {
 		if err := j.validate(i); err != nil {
 			return err
 		}
+	}
+	// The broker's per-message TTL is whole seconds, at least 1 s.
+	if r := f.Workers.TaskRetention; r != nil && *r != 0 && (*r < Retention(time.Second) || *r%Retention(time.Second) != 0) {
+		return fmt.Errorf("workers.task_retention %v: want whole seconds, at least 1s, or 0 to keep every record", time.Duration(*r))
 	}
 	return nil
 }

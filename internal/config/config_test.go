@@ -56,6 +56,10 @@ func TestParseErrors(t *testing.T) {
 		{"unknown route", "resources: [{id: a, route: nowhere}]\n", `route "nowhere" is not among routes`},
 		{"job without type", "jobs: [{name: a}]\n", "type is required"},
 		{"bad id", "resources: [{id: 'a.b'}]\n", `id "a.b" must be`},
+		{"unknown workers key", "workers: {retention: 7d}\n", `unknown key "retention"`},
+		{"bad task retention", "workers: {task_retention: soon}\n", `"soon": want a Go duration (36h) or whole days (30d)`},
+		{"negative task retention", "workers: {task_retention: -1h}\n", "want a duration of 0 or more"},
+		{"sub-second task retention", "workers: {task_retention: 1500ms}\n", "workers.task_retention 1.5s: want whole seconds"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -66,6 +70,28 @@ func TestParseErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestParseTaskRetention(t *testing.T) {
+	t.Parallel()
+	for doc, want := range map[string]*Retention{
+		"jobs: []\n":                           nil,
+		"workers: {task_retention: 30d}\n":     ptr(Retention(30 * 24 * time.Hour)),
+		"workers: {task_retention: 36h}\n":     ptr(Retention(36 * time.Hour)),
+		"workers: {task_retention: 0}\n":       ptr(Retention(0)),
+		"workers:\n  task_retention: \"2s\"\n": ptr(Retention(2 * time.Second)),
+	} {
+		f, err := Parse([]byte(doc))
+		if err != nil {
+			t.Errorf("Parse(%q) = %v", doc, err)
+			continue
+		}
+		if got := f.Workers.TaskRetention; (got == nil) != (want == nil) || got != nil && *got != *want {
+			t.Errorf("Parse(%q) task_retention = %v, want %v", doc, got, want)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
 
 func TestLoadMissing(t *testing.T) {
 	t.Parallel()
