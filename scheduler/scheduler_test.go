@@ -226,10 +226,14 @@ func TestOverlapForbidAndRunHistory(t *testing.T) {
 	if want := wire.JobTaskID("slow", t0.Add(4*time.Minute)); got[1].id != want {
 		t.Errorf("task after the first finished = %q, want %q", got[1].id, want)
 	}
-	runs, err := b.st.Runs(context.Background(), "slow", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The run is recorded once the task's publish is acknowledged, an
+	// instant after the task shows in the stream.
+	var runs []wire.JobRun
+	b.waitFor("two runs in the history", func() bool {
+		var err error
+		runs, err = b.st.Runs(context.Background(), "slow", 0)
+		return err == nil && len(runs) == 2
+	})
 	if len(runs) != 2 || runs[0].State != wire.TaskSucceeded || runs[1].State != wire.TaskWaiting || runs[0].Machine == "" || runs[0].Term == 0 || runs[0].RanOn != "worker-host" {
 		t.Errorf("runs = %+v, want the first SUCCEEDED on worker-host and the second WAITING, with machine and term", runs)
 	}
