@@ -530,7 +530,9 @@ func (r *runner) taskCounts(ctx context.Context) *taskCounts {
 	str, err := r.s.js.Stream(cctx, wire.StreamTasks)
 	var info *jetstream.StreamInfo
 	if err == nil {
-		info, err = str.Info(cctx, jetstream.WithSubjectFilter(wire.SubjectTasksAll))
+		// Every subject of the stream: gantry.tasks.> and, for prioritized
+		// queues, the tasks their sorters moved to gantry.ready.>.
+		info, err = str.Info(cctx, jetstream.WithSubjectFilter(">"))
 	}
 	if err != nil {
 		r.s.log.Warn("count tasks; concurrency caps not applied to this batch", "err", err)

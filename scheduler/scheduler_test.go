@@ -311,6 +311,22 @@ func TestConcurrencyCapCountsTheStream(t *testing.T) {
 	}
 }
 
+// A task a prioritized queue's sorter moved to gantry.ready counts too.
+func TestConcurrencyCapCountsSortedTasks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.env.JS.Publish(context.Background(), wire.ReadySubject("urgent", "exec"), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	b.start(Config{MaxPerType: map[string]int{"exec": 1}}, true)
+	b.addJob(wire.Job{Name: "hi", Type: "exec", Every: "1m"})
+	b.advance(time.Minute)
+	ev := b.waitEvents(wire.EventJobSkipped, 1)
+	if ev[0].JobID != "hi" || payloadField(ev[0], "reason") != string(wire.SkipConcurrency) {
+		t.Errorf("skipped %s (%v), want hi for concurrency", ev[0].JobID, payloadField(ev[0], "reason"))
+	}
+}
+
 func TestTrigger(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

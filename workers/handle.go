@@ -268,6 +268,11 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	t := &Task{ID: id, Type: d.rec.Type, Queue: d.rec.Queue, Attempt: attempt, Payload: d.task.Payload,
 		Resource: d.rec.Resource, Deadline: deadline, cps: w.cps}
 	err := d.call(tctx, t)
+	// The attempt has ended: no RUNNING write from now on, and the one
+	// under way (it reads d.rec) is over before d.rec changes.
+	d.mu.Lock()
+	d.final = true
+	d.mu.Unlock()
 	if err != nil {
 		if cause := context.Cause(tctx); cause != nil && tctx.Err() != nil {
 			switch {

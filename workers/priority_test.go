@@ -100,14 +100,16 @@ func TestPriorityOrdersWaitingTasks(t *testing.T) {
 	// two without an id of their own and one malformed, as `nats pub`
 	// might send them.
 	b.publish(t, subject, `{"id":"low-1"}`)
+	// low-1 goes ahead to the ready subject at once (the lookahead of a
+	// lane of concurrency 1); wait for that, or it might come in one batch
+	// with the higher ones and be ordered after them.
+	b.waitHeld(t, "urgent", 0)
 	b.publish(t, subject, `{"id":"low-2","priority":-1}`)
 	b.publish(t, subject, `{"id":"mid","priority":5}`)
 	b.publish(t, subject, `{"priority":10}`, jetstream.MsgIDHeader, "high")
 	b.publish(t, subject, `{"id":"low-3"}`)
 	b.publish(t, subject, `{"id":"also-mid","priority":5}`)
 	b.publish(t, subject, `{"id":`)
-	// low-1 went ahead to the ready subject at once (the lookahead of a
-	// lane of concurrency 1); the rest wait in the sorter.
 	b.waitHeld(t, "urgent", 6)
 	close(rec.release)
 	got := rec.wait(t, 6)
@@ -148,6 +150,9 @@ func TestPriorityCancelWhileHeld(t *testing.T) {
 			t.Fatal(err)
 		}
 		seqs[id] = ack.Sequence
+		if id == "next" {
+			b.waitHeld(t, "urgent", 0)
+		}
 	}
 	// next went ahead to the ready subject; doomed waits in the sorter.
 	// Cancel both as `gantry task cancel` does: record CANCELLED, then ask
@@ -246,6 +251,7 @@ func TestPrioritySplitByType(t *testing.T) {
 	b.publish(t, a, `{"id":"a-first"}`)
 	rec.wait(t, 1)
 	b.publish(t, a, `{"id":"a-low-1"}`)
+	b.waitHeld(t, "split", 0)
 	b.publish(t, a, `{"id":"a-low-2"}`)
 	b.publish(t, a, `{"id":"a-high","priority":3}`)
 	// Type b runs while a's one slot is busy.
@@ -260,4 +266,72 @@ func TestPrioritySplitByType(t *testing.T) {
 		t.Fatalf("start order = %v, want %v", got, want)
 	}
 	b.waitEmpty(t, 10*time.Second)
+}
+
+// A cancel request that no one recorded (the scheduler replacing a run
+// publishes one) leaves a held task alone, as it would a waiting task of a
+// FIFO queue.
+func TestPriorityForeignCancelLeavesHeldTask(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := newRecorder("first")
+	b.start(t, Config{Queues: []Queue{{Name: "urgent", Concurrency: 1, Prioritized: true}}, Policy: fastPolicy},
+		map[string]Handler{"job": rec})
+	subject := wire.TaskSubject("urgent", "job")
+	b.publish(t, subject, `{"id":"first"}`)
+	rec.wait(t, 1)
+	b.publish(t, subject, `{"id":"ahead"}`)
+	b.waitHeld(t, "urgent", 0)
+	b.publish(t, subject, `{"id":"run-1"}`)
+	b.waitHeld(t, "urgent", 1)
+	if _, err := b.env.NC.Request(wire.SubjectTaskCancel, []byte("run-1"), 300*time.Millisecond); !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("cancel of an unrecorded task = %v, want no answer", err)
+	}
+	close(rec.release)
+	b.waitState(t, "run-1", wire.TaskSucceeded, 10*time.Second)
+}
+
+// With two worker processes on a prioritized queue, the pinned sorter
+// keeps its pin while it lives, even when nothing happens for longer than
+// the pin's TTL: one heap keeps ordering the whole queue.
+func TestPriorityKeepsPinWhileAlive(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var mu sync.Mutex
+	var unpinned []string
+	sub, err := b.env.NC.Subscribe("$JS.EVENT.ADVISORY.CONSUMER.UNPINNED.>", func(m *nats.Msg) {
+		mu.Lock()
+		unpinned = append(unpinned, string(m.Data))
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	rec := newRecorder("first")
+	cfg := Config{Queues: []Queue{{Name: "urgent", Concurrency: 1, Prioritized: true}}, Policy: fastPolicy}
+	b.start(t, cfg, map[string]Handler{"job": rec})
+	b.start(t, cfg, map[string]Handler{"job": rec})
+	subject := wire.TaskSubject("urgent", "job")
+	b.publish(t, subject, `{"id":"first"}`)
+	rec.wait(t, 1)
+	b.publish(t, subject, `{"id":"low-1"}`)
+	b.waitHeld(t, "urgent", 0)
+	b.publish(t, subject, `{"id":"high-1","priority":9}`)
+	b.publish(t, subject, `{"id":"high-2","priority":9}`)
+	b.waitHeld(t, "urgent", 2)
+	// Longer than sorterPinnedTTL with no task coming.
+	time.Sleep(sorterPinnedTTL + 2*time.Second)
+	b.publish(t, subject, `{"id":"low-late"}`)
+	b.waitHeld(t, "urgent", 3)
+	close(rec.release)
+	got := rec.wait(t, 4)
+	if want := []string{"first", "low-1", "high-1", "high-2", "low-late"}; !slices.Equal(got, want) {
+		t.Errorf("start order = %v, want %v", got, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(unpinned) > 0 {
+		t.Errorf("the sorter was unpinned while alive: %v", unpinned)
+	}
 }

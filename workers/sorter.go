@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,24 +33,31 @@ import (
 //
 // Every worker process of the queue runs a sorter on the same durable
 // consumer in a pinned priority group: the broker delivers to one of them
-// at a time, so one heap orders the whole queue; when that process stops,
-// another is pinned after sorterPinnedTTL and the held tasks come to it
-// after sorterAckWait.
+// at a time, so one heap orders the whole queue. A pinned sorter pulls
+// every sorterPullExpiry to keep its pin; when its process stops it hands
+// its tasks back and unpins, and when the process dies another sorter is
+// pinned after sorterPinnedTTL and gets the held tasks after sorterAckWait.
 //
-// A republish carries Nats-Msg-Id gantry-sorted-<sequence of the
-// original>, so a sorter stopped between republishing and acking does not
-// queue the task twice, and the headers HeaderTaskID, HeaderIntakeSeq and
-// HeaderIntakeTime, so the task keeps its id, its record and its
-// created_at.
+// A republish carries Nats-Msg-Id gantry:sorted:<sequence of the original>
+// (no task id has a ':'), so a sorter stopped between republishing and
+// acking does not queue the task twice, and the headers HeaderTaskID,
+// HeaderIntakeSeq and HeaderIntakeTime, so the task keeps its id, its
+// record and its created_at.
 const (
 	// sorterAckWait is the sorter consumer's ack deadline; held tasks are
 	// kept alive every third of it.
 	sorterAckWait = 30 * time.Second
 	// sorterPinnedTTL is how long the broker keeps a silent sorter pinned.
 	sorterPinnedTTL = 5 * time.Second
+	// sorterPullExpiry is how long a sorter's pull request lasts: the
+	// next one renews the pin well within sorterPinnedTTL.
+	sorterPullExpiry = 2 * time.Second
 	// sorterPoll is how often a sorter holding tasks asks the broker how
-	// many sorted tasks still wait, when no local delivery told it.
-	sorterPoll = 5 * time.Millisecond
+	// many sorted tasks still wait; deliveries in its own process tell it
+	// sooner.
+	sorterPoll = 50 * time.Millisecond
+	// sorterWait bounds one wait of a sorter on the broker.
+	sorterWait = 5 * time.Second
 	// sorterGroup is the priority group of the sorter consumers.
 	sorterGroup = "sorter"
 )
@@ -65,19 +73,20 @@ type sorter struct {
 	// type does not run. Fixed by newSorter: delivered reads it from the
 	// runners.
 	lanes map[string]*lane
-	in    chan jetstream.Msg
-	kick  chan struct{}
-	// cancels asks run to drop a held task.
-	cancels chan sorterCancel
-	// done is closed when run returns: deliveries still coming are handed
-	// back.
-	done chan struct{}
-}
+	// in carries the delivered tasks to run.
+	in   chan *held
+	kick chan struct{}
+	cc   jetstream.ConsumeContext
 
-// sorterCancel is a request to drop a held task, answered on answer.
-type sorterCancel struct {
-	id     string
-	answer chan bool
+	// ids holds the id of every task delivered and not yet moved or
+	// dropped; dropping marks those cancelled, for run to drop. Both are
+	// read by cancelled on the goroutine of the cancel subscription.
+	ids      sync.Map
+	dropping sync.Map
+	// quit stops run; lost is closed when the consumer is deleted under
+	// the sorter; done when run has returned.
+	quit, lost, done   chan struct{}
+	stopOnce, lostOnce sync.Once
 }
 
 // lane is one consumer of sorted tasks and the tasks held for it.
@@ -137,8 +146,8 @@ func sorterName(queue string) string { return "gantry-sorter-" + queue }
 
 func newSorter(w *Workers, q *Queue, specs []*spec) *sorter {
 	s := &sorter{w: w, queue: q, name: sorterName(q.Name), lanes: map[string]*lane{},
-		in: make(chan jetstream.Msg, 256), kick: make(chan struct{}, 1),
-		cancels: make(chan sorterCancel), done: make(chan struct{})}
+		in: make(chan *held, 256), kick: make(chan struct{}, 1),
+		quit: make(chan struct{}), lost: make(chan struct{}), done: make(chan struct{})}
 	for _, sp := range specs {
 		if sp.queue == q {
 			l := &lane{sp: sp, lookahead: max(1, sp.concurrency/4)}
@@ -171,118 +180,37 @@ func (s *sorter) consumerConfig() jetstream.ConsumerConfig {
 	}
 }
 
-// start creates the sorter's consumer and starts consuming into s.in.
-func (s *sorter) start(ctx context.Context) (jetstream.ConsumeContext, error) {
+// start creates the sorter's consumer and consumes it into s.in.
+func (s *sorter) start(ctx context.Context) error {
 	cons, err := s.w.js.CreateOrUpdateConsumer(ctx, wire.StreamTasks, s.consumerConfig())
 	if err != nil {
-		return nil, fmt.Errorf("consumer %s: %w", s.name, err)
+		return fmt.Errorf("consumer %s: %w", s.name, err)
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case <-s.done:
-			_ = m.Nak()
-			return
-		default:
-		}
-		select {
-		case s.in <- m:
-		case <-s.done:
-			_ = m.Nak()
-		}
-	},
+	s.cc, err = cons.Consume(s.receive,
 		jetstream.PullPriorityGroup(sorterGroup),
 		jetstream.PullMaxMessages(min(s.queue.PriorityWindow, 256)),
+		jetstream.PullExpiry(sorterPullExpiry),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+			switch {
+			case errors.Is(err, jetstream.ErrConsumerDeleted):
+				s.lostOnce.Do(func() {
+					s.w.log.Warn("sorter: its consumer was removed (a worker with other settings for the queue?); this process stops sorting",
+						"queue", s.queue.Name, "consumer", s.name)
+					close(s.lost)
+				})
+			case !errors.Is(err, jetstream.ErrNoHeartbeat):
 				s.w.log.Debug("consume", "consumer", s.name, "err", err)
 			}
 		}))
 	if err != nil {
-		return nil, fmt.Errorf("consume %s: %w", s.name, err)
+		return fmt.Errorf("consume %s: %w", s.name, err)
 	}
-	return cc, nil
+	return nil
 }
 
-// delivered tells the sorter that a local delivery from sp saw pending
-// sorted tasks still waiting behind it.
-func (s *sorter) delivered(sp *spec, pending uint64) {
-	l := s.lanes[sp.typ]
-	if l == nil || l.sp != sp {
-		return
-	}
-	l.seen.Store(int64(pending))
-	select {
-	case s.kick <- struct{}{}:
-	default:
-	}
-}
-
-// run sorts until stop is closed (the consumer stopped), then hands the
-// tasks it holds back to the broker for the next sorter. It owns the heaps.
-func (s *sorter) run(ctx context.Context, stop <-chan struct{}) {
-	defer s.handBack()
-	beat := time.NewTicker(sorterAckWait / 3)
-	defer beat.Stop()
-	// poll runs while a lane holds tasks it cannot forward yet.
-	poll := time.NewTimer(sorterPoll)
-	defer poll.Stop()
-	armed := true
-	for {
-		select {
-		case <-stop:
-			return
-		case m := <-s.in:
-			s.add(m)
-			// Take what else has come, so that one forward moves a batch
-			// and waits for its acknowledgements once.
-			for more := len(s.in); more > 0; more-- {
-				s.add(<-s.in)
-			}
-		case <-s.kick:
-		case c := <-s.cancels:
-			c.answer <- s.cancel(c.id)
-			continue
-		case <-poll.C:
-			armed = false
-			s.refresh(ctx)
-		case <-beat.C:
-			s.keepAlive()
-		}
-		if s.forward(ctx) && !armed {
-			poll.Reset(sorterPoll)
-			armed = true
-		}
-	}
-}
-
-// handBack naks every held task, and every one still on its way, so that
-// the next sorter gets them at once, and unpins the consumer so that the
-// broker picks the next sorter at once.
-func (s *sorter) handBack() {
-	close(s.done)
-	for _, l := range s.lanes {
-		for _, h := range l.held {
-			_ = h.m.Nak()
-		}
-		l.held = nil
-	}
-	for {
-		select {
-		case m := <-s.in:
-			_ = m.Nak()
-		default:
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			if stream, err := s.w.js.Stream(ctx, wire.StreamTasks); err == nil {
-				_ = stream.UnpinConsumer(ctx, s.name, sorterGroup)
-			}
-			return
-		}
-	}
-}
-
-// add takes a delivered task into the heap of its lane.
-func (s *sorter) add(m jetstream.Msg) {
+// receive reads what the sorter needs of a delivered task and hands it to
+// run.
+func (s *sorter) receive(m jetstream.Msg) {
 	meta, err := m.Metadata()
 	if err != nil {
 		s.w.log.Error("sorter: message without metadata", "subject", m.Subject(), "err", err)
@@ -299,7 +227,117 @@ func (s *sorter) add(m jetstream.Msg) {
 	_, typ, _ := wire.ParseTaskSubject(m.Subject())
 	h := &held{m: m, seq: meta.Sequence.Stream, ts: meta.Timestamp, priority: body.Priority, typ: typ,
 		id: taskID(wire.Task{ID: body.ID}, m.Headers().Get(jetstream.MsgIDHeader), meta.Timestamp, meta.Sequence.Stream)}
-	heap.Push(&s.lane(typ).held, h)
+	s.ids.Store(h.id, struct{}{})
+	select {
+	case s.in <- h:
+	case <-s.done:
+		_ = m.Nak()
+	}
+}
+
+// stop drains the consumer, so that every delivery reaches run, then stops
+// run, which hands the held tasks back. It returns once run has.
+func (s *sorter) stop() {
+	s.stopOnce.Do(func() {
+		select {
+		case <-s.lost:
+			s.cc.Stop()
+		default:
+			s.cc.Drain()
+			select {
+			case <-s.cc.Closed():
+			case <-time.After(sorterWait):
+				s.w.log.Warn("sorter: consumer not drained in time; tasks still on their way come back after the ack deadline", "queue", s.queue.Name)
+			}
+		}
+		close(s.quit)
+	})
+	<-s.done
+}
+
+// delivered tells the sorter that a local delivery from sp saw pending
+// sorted tasks still waiting behind it.
+func (s *sorter) delivered(sp *spec, pending uint64) {
+	l := s.lanes[sp.typ]
+	if l == nil || l.sp != sp {
+		return
+	}
+	l.seen.Store(int64(pending))
+	s.wake()
+}
+
+func (s *sorter) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run sorts until stop or until its consumer is deleted. It owns the
+// heaps.
+func (s *sorter) run(ctx context.Context) {
+	defer close(s.done)
+	beat := time.NewTicker(sorterAckWait / 3)
+	defer beat.Stop()
+	// poll runs while a lane holds tasks it cannot forward yet.
+	poll := time.NewTimer(sorterPoll)
+	defer poll.Stop()
+	armed := true
+	s.refresh(ctx, true)
+	for {
+		select {
+		case <-s.quit:
+			s.handBack()
+			return
+		case <-s.lost:
+			// The tasks are free for whoever took the queue over: move
+			// nothing more, ack nothing more.
+			return
+		case h := <-s.in:
+			s.add(h)
+			// Take what else has come, so that one forward moves a batch
+			// and waits for its acknowledgements once.
+			for more := len(s.in); more > 0; more-- {
+				s.add(<-s.in)
+			}
+		case <-s.kick:
+		case <-poll.C:
+			armed = false
+			s.refresh(ctx, false)
+		case <-beat.C:
+			s.keepAlive()
+		}
+		s.dropCancelled(ctx)
+		if s.forward(ctx) && !armed {
+			poll.Reset(sorterPoll)
+			armed = true
+		}
+	}
+}
+
+// handBack naks every held task, and every one still on its way, so that
+// the next sorter gets them at once, and unpins the consumer so that the
+// broker picks the next sorter at once.
+func (s *sorter) handBack() {
+	for _, l := range s.lanes {
+		for _, h := range l.held {
+			_ = h.m.Nak()
+		}
+		l.held = nil
+	}
+	for more := len(s.in); more > 0; more-- {
+		_ = (<-s.in).m.Nak()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if stream, err := s.w.js.Stream(ctx, wire.StreamTasks); err == nil {
+		_ = stream.UnpinConsumer(ctx, s.name, sorterGroup)
+	}
+}
+
+// add takes a delivered task into the heap of its lane.
+func (s *sorter) add(h *held) {
+	heap.Push(&s.lane(h.typ).held, h)
 }
 
 func (s *sorter) lane(typ string) *lane {
@@ -317,14 +355,15 @@ func (s *sorter) lane(typ string) *lane {
 // once and wait there unconsumed, as they would on gantry.tasks.
 const otherTypes = "*"
 
-// refresh asks the broker how many sorted tasks wait on every lane that
-// holds tasks it could not forward.
-func (s *sorter) refresh(ctx context.Context) {
+// refresh asks the broker how many sorted tasks wait on the lanes: every
+// lane when all is set (a sorter starting, perhaps after another), else
+// those that hold tasks they could not forward.
+func (s *sorter) refresh(ctx context.Context, all bool) {
 	for _, l := range s.lanes {
-		if l.cons == nil || l.held.Len() == 0 || l.pending < l.lookahead {
+		if l.cons == nil || !all && (l.held.Len() == 0 || l.pending < l.lookahead) {
 			continue
 		}
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		cctx, cancel := context.WithTimeout(ctx, sorterWait)
 		info, err := l.cons.Info(cctx)
 		cancel()
 		if err != nil {
@@ -361,17 +400,15 @@ func (s *sorter) forward(ctx context.Context) (holding bool) {
 			l.pending++
 		}
 	}
-	timeout := time.NewTimer(5 * time.Second)
-	defer timeout.Stop()
+	bctx, cancel := context.WithTimeout(ctx, sorterWait)
+	defer cancel()
 	for _, x := range batch {
 		var err error
 		select {
 		case <-x.f.Ok():
 		case err = <-x.f.Err():
-		case <-timeout.C:
-			err = errors.New("not acknowledged within 5s")
-		case <-ctx.Done():
-			err = ctx.Err()
+		case <-bctx.Done():
+			err = bctx.Err()
 		}
 		if err != nil {
 			// Held again; if it was stored after all, the next
@@ -381,6 +418,7 @@ func (s *sorter) forward(ctx context.Context) (holding bool) {
 			x.l.pending--
 			continue
 		}
+		s.ids.Delete(x.h.id)
 		// A lost ack redelivers the original after sorterAckWait; its
 		// republish is then a duplicate too.
 		if err := x.h.m.Ack(); err != nil {
@@ -405,57 +443,71 @@ func (s *sorter) sorted(h *held) *nats.Msg {
 			m.Header[k] = v
 		}
 	}
-	m.Header.Set(jetstream.MsgIDHeader, "gantry-sorted-"+strconv.FormatUint(h.seq, 10))
+	m.Header.Set(jetstream.MsgIDHeader, "gantry:sorted:"+strconv.FormatUint(h.seq, 10))
 	m.Header.Set(wire.HeaderTaskID, h.id)
 	m.Header.Set(wire.HeaderIntakeSeq, strconv.FormatUint(h.seq, 10))
 	m.Header.Set(wire.HeaderIntakeTime, h.ts.UTC().Format(time.RFC3339Nano))
 	return m
 }
 
-// cancel drops the held task id, if the sorter holds it, and records its
-// end: `gantry task cancel` has recorded it CANCELLED and leaves the rest
-// to whoever answers. It runs on the goroutine of run.
-func (s *sorter) cancel(id string) bool {
-	for _, l := range s.lanes {
-		for i, h := range l.held {
-			if h.id != id {
-				continue
-			}
-			heap.Remove(&l.held, i)
-			if err := h.m.Ack(); err != nil {
-				s.w.log.Warn("sorter: ack cancelled task", "task_id", id, "err", err)
-			}
-			s.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: id, Message: "task cancelled",
-				Payload: audit.Payload(finishedPayload{State: wire.TaskCancelled})})
-			s.w.log.Info("sorter: dropped cancelled task", "task_id", id)
-			return true
-		}
+// cancelled handles `gantry task cancel` of task id: if the sorter holds
+// it and its record says CANCELLED, run drops it and records its end, and
+// cancelled reports true so that the canceller leaves the task to it. A
+// cancel request of anyone else (the scheduler replacing a run) finds the
+// record unchanged and leaves the task alone, as on a FIFO queue. It runs
+// on the goroutine of the cancel subscription, not on run's.
+func (s *sorter) cancelled(id string) bool {
+	select {
+	case <-s.done:
+		return false
+	default:
 	}
-	return false
+	if _, ok := s.ids.Load(id); !ok {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	rec, _, err := s.w.tasks.Get(ctx, id)
+	if err != nil || rec.State != wire.TaskCancelled {
+		return false
+	}
+	s.dropping.Store(id, rec)
+	s.wake()
+	return true
 }
 
-// cancelled asks run to drop task id; it reports whether the sorter held
-// it.
-func (s *sorter) cancelled(id string) bool {
-	// `gantry task cancel` waits a second for an answer.
-	timeout := time.NewTimer(time.Second)
-	defer timeout.Stop()
-	answer := make(chan bool, 1)
-	select {
-	case s.cancels <- sorterCancel{id, answer}:
-	case <-s.done:
-		return false
-	case <-timeout.C:
-		return false
-	}
-	select {
-	case ok := <-answer:
-		return ok
-	case <-s.done:
-		return false
-	case <-timeout.C:
-		return false
-	}
+// dropCancelled drops the held tasks marked cancelled: acks them, writes
+// their record (with the retention of an ended task) and emits
+// TASK_FINISHED. A task already moved is not here: its worker finds the
+// record cancelled.
+func (s *sorter) dropCancelled(ctx context.Context) {
+	s.dropping.Range(func(k, v any) bool {
+		id, rec := k.(string), v.(wire.TaskRecord)
+		s.dropping.Delete(id)
+		for _, l := range s.lanes {
+			for i, h := range l.held {
+				if h.id != id {
+					continue
+				}
+				heap.Remove(&l.held, i)
+				s.ids.Delete(id)
+				if err := h.m.Ack(); err != nil {
+					s.w.log.Warn("sorter: ack cancelled task", "task_id", id, "err", err)
+				}
+				rec.UpdatedAt = s.w.cfg.Clock.Now()
+				wctx, cancel := context.WithTimeout(ctx, sorterWait)
+				if _, err := s.w.tasks.Put(wctx, rec); err != nil {
+					s.w.log.Warn("sorter: write cancelled task", "task_id", id, "err", err)
+				}
+				cancel()
+				s.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, Message: "task cancelled",
+					Payload: audit.Payload(finishedPayload{State: wire.TaskCancelled})})
+				s.w.log.Info("sorter: dropped cancelled task", "task_id", id)
+				return true
+			}
+		}
+		return true
+	})
 }
 
 // keepAlive extends the ack deadline of every held task.

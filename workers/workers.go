@@ -308,19 +308,20 @@ func (w *Workers) Run(ctx context.Context) error {
 	// The sorters start once their lanes are consumed: they read the
 	// lanes' pending counts.
 	var sorting sync.WaitGroup
-	sortingStop := make(chan struct{})
 	stopSorting := sync.OnceFunc(func() {
-		close(sortingStop)
+		for _, s := range w.sorters {
+			if s.cc != nil {
+				s.stop()
+			}
+		}
 		sorting.Wait()
 	})
 	defer stopSorting()
 	for _, s := range w.sorters {
-		cc, err := s.start(ctx)
-		if err != nil {
+		if err := s.start(ctx); err != nil {
 			return err
 		}
-		ccs = append(ccs, cc)
-		sorting.Go(func() { s.run(ctx, sortingStop) })
+		sorting.Go(func() { s.run(ctx) })
 		w.log.Info("sorting by priority", "consumer", s.name, "queue", s.queue.Name, "window", s.queue.PriorityWindow)
 	}
 	close(w.ready)

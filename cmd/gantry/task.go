@@ -279,7 +279,15 @@ func (a *app) taskCancel(ctx context.Context, id string, cfg kv.TaskStoreConfig)
 	rec.State = wire.TaskCancelled
 	rec.RetryAt = nil
 	rec.UpdatedAt = time.Now().UTC()
-	if _, err := tasks.Update(ctx, rec, rev); errors.Is(err, kv.ErrTaskChanged) {
+	// Until the end is recorded, the CANCELLED record must not expire: a
+	// task a sorter already moved to gantry.ready (its message is not
+	// rec.Seq) is found cancelled by its worker only through it, however
+	// long it waits. Whoever records the end writes it with the retention.
+	pending, err := kv.NewTaskStore(ctx, js, kv.TaskStoreConfig{Retention: kv.KeepForever})
+	if err != nil {
+		return err
+	}
+	if rev, err = pending.Update(ctx, rec, rev); errors.Is(err, kv.ErrTaskChanged) {
 		return withCode(exitFailure, fmt.Errorf("task %s changed meanwhile: try again", id))
 	} else if err != nil {
 		return err
@@ -311,6 +319,9 @@ func (a *app) taskCancel(ctx context.Context, id string, cfg kv.TaskStoreConfig)
 		return err
 	}
 	if removed {
+		if _, err := tasks.Update(ctx, rec, rev); err != nil && !errors.Is(err, kv.ErrTaskChanged) {
+			return err
+		}
 		if err := em.Emit(ctx, wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, Message: "task cancelled",
 			Payload: audit.Payload(map[string]any{"state": wire.TaskCancelled, "attempts": rec.Attempts})}); err != nil {
 			return err
@@ -349,9 +360,23 @@ func msgGone(err error) bool {
 		return true
 	}
 	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound ||
-		apiErr.ErrorCode == errCodeMsgDeleteFailed && strings.Contains(apiErr.Description, "no message found"))
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound ||
+			apiErr.ErrorCode == errCodeSequenceNotFound ||
+			apiErr.ErrorCode == errCodeMsgDeleteFailed && strings.Contains(apiErr.Description, "no message found")
+	}
+	// Stream.DeleteMsg passes the server's error on as text only.
+	if errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+		text := err.Error()
+		return strings.Contains(text, fmt.Sprintf("err_code=%d", errCodeSequenceNotFound)) || strings.Contains(text, "no message found")
+	}
+	return false
 }
 
-// errCodeMsgDeleteFailed is nats-server's JSStreamMsgDeleteFailedF.
-const errCodeMsgDeleteFailed jetstream.ErrorCode = 10057
+// nats-server's error codes for a message that is not there:
+// JSStreamMsgDeleteFailedF, and JSSequenceNotFoundErrF for a sequence
+// below the stream's first (a work queue's consumed messages).
+const (
+	errCodeMsgDeleteFailed  jetstream.ErrorCode = 10057
+	errCodeSequenceNotFound jetstream.ErrorCode = 10043
+)
