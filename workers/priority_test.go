@@ -335,3 +335,34 @@ func TestPriorityKeepsPinWhileAlive(t *testing.T) {
 		t.Errorf("the sorter was unpinned while alive: %v", unpinned)
 	}
 }
+
+// A worker started with other settings for a queue while a prioritized
+// worker runs it (a mistake the docs warn of) removes the sorter's
+// consumer: that sorter stops, and every task still runs exactly once.
+func TestPrioritySorterConsumerRemovedUnderIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := newRecorder("first")
+	b.start(t, Config{Queues: []Queue{{Name: "urgent", Concurrency: 1, Prioritized: true}}, Policy: fastPolicy},
+		map[string]Handler{"job": rec})
+	subject := wire.TaskSubject("urgent", "job")
+	b.publish(t, subject, `{"id":"first"}`)
+	rec.wait(t, 1)
+	b.publish(t, subject, `{"id":"t0"}`)
+	b.waitHeld(t, "urgent", 0)
+	for i := 1; i <= 4; i++ {
+		b.publish(t, subject, fmt.Sprintf(`{"id":"t%d","priority":%d}`, i, i))
+	}
+	b.waitHeld(t, "urgent", 4)
+	b.start(t, Config{Queues: []Queue{{Name: "urgent", Concurrency: 4}}, Policy: fastPolicy}, map[string]Handler{"job": rec})
+	close(rec.release)
+	rec.wait(t, 5)
+	b.waitEmpty(t, 40*time.Second)
+	// A task run twice would show in the order by now.
+	time.Sleep(200 * time.Millisecond)
+	got := rec.wait(t, 0)
+	slices.Sort(got)
+	if want := []string{"first", "t0", "t1", "t2", "t3", "t4"}; !slices.Equal(got, want) {
+		t.Fatalf("ran %v, want each task once: %v", got, want)
+	}
+}
