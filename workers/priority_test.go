@@ -87,15 +87,25 @@ func (b *bundle) waitHeld(t *testing.T, queue string, n int) {
 	}
 }
 
-func TestPriorityOrdersWaitingTasks(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
+// busyUrgent starts workers on a prioritized queue "urgent" of
+// concurrency 1 and keeps its one slot busy with task "first" until
+// rec.release is closed. It returns the recorder of the tasks' starts and
+// the subject to publish "job" tasks on.
+func busyUrgent(t *testing.T, b *bundle) (*recorder, string) {
+	t.Helper()
 	rec := newRecorder("first")
 	b.start(t, Config{Queues: []Queue{{Name: "urgent", Concurrency: 1, Prioritized: true}}, Policy: fastPolicy},
 		map[string]Handler{"job": rec})
 	subject := wire.TaskSubject("urgent", "job")
 	b.publish(t, subject, `{"id":"first"}`)
 	rec.wait(t, 1)
+	return rec, subject
+}
+
+func TestPriorityOrdersWaitingTasks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec, subject := busyUrgent(t, b)
 	// Published while the one worker slot is busy, lowest priority first;
 	// two without an id of their own and one malformed, as `nats pub`
 	// might send them.
@@ -136,12 +146,7 @@ func TestPriorityOrdersWaitingTasks(t *testing.T) {
 func TestPriorityCancelWhileHeld(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rec := newRecorder("first")
-	b.start(t, Config{Queues: []Queue{{Name: "urgent", Concurrency: 1, Prioritized: true}}, Policy: fastPolicy},
-		map[string]Handler{"job": rec})
-	subject := wire.TaskSubject("urgent", "job")
-	b.publish(t, subject, `{"id":"first"}`)
-	rec.wait(t, 1)
+	rec, subject := busyUrgent(t, b)
 	ctx := context.Background()
 	seqs := map[string]uint64{}
 	for _, id := range []string{"next", "doomed"} {
@@ -274,12 +279,7 @@ func TestPrioritySplitByType(t *testing.T) {
 func TestPriorityForeignCancelLeavesHeldTask(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rec := newRecorder("first")
-	b.start(t, Config{Queues: []Queue{{Name: "urgent", Concurrency: 1, Prioritized: true}}, Policy: fastPolicy},
-		map[string]Handler{"job": rec})
-	subject := wire.TaskSubject("urgent", "job")
-	b.publish(t, subject, `{"id":"first"}`)
-	rec.wait(t, 1)
+	rec, subject := busyUrgent(t, b)
 	b.publish(t, subject, `{"id":"ahead"}`)
 	b.waitHeld(t, "urgent", 0)
 	b.publish(t, subject, `{"id":"run-1"}`)
@@ -342,12 +342,7 @@ func TestPriorityKeepsPinWhileAlive(t *testing.T) {
 func TestPrioritySorterConsumerRemovedUnderIt(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rec := newRecorder("first")
-	b.start(t, Config{Queues: []Queue{{Name: "urgent", Concurrency: 1, Prioritized: true}}, Policy: fastPolicy},
-		map[string]Handler{"job": rec})
-	subject := wire.TaskSubject("urgent", "job")
-	b.publish(t, subject, `{"id":"first"}`)
-	rec.wait(t, 1)
+	rec, subject := busyUrgent(t, b)
 	b.publish(t, subject, `{"id":"t0"}`)
 	b.waitHeld(t, "urgent", 0)
 	for i := 1; i <= 4; i++ {
