@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -161,19 +160,11 @@ func (f *jobFlags) job(name string) (wire.Job, error) {
 		Timeout: f.timeout, MaxAttempts: f.maxAttempts, Resource: f.resource, Cooldown: f.cooldown,
 		Description: f.description, Paused: f.paused, Source: wire.JobSourceCLI,
 	}
-	if f.payload != "" {
-		data := []byte(f.payload)
-		if path, ok := strings.CutPrefix(f.payload, "@"); ok {
-			var err error
-			if data, err = os.ReadFile(path); err != nil {
-				return wire.Job{}, usageError("--payload: %v", err)
-			}
-		}
-		if !json.Valid(data) {
-			return wire.Job{}, usageError("--payload is not valid JSON")
-		}
-		j.Payload = json.RawMessage(data)
+	payload, err := payloadFlag(f.payload)
+	if err != nil {
+		return wire.Job{}, err
 	}
+	j.Payload = payload
 	if f.at != "" {
 		at, err := scheduler.ParseAt(f.at, f.timezone)
 		if err != nil {
@@ -184,7 +175,7 @@ func (f *jobFlags) job(name string) (wire.Job, error) {
 		}
 		j.At = &at
 	}
-	j, err := scheduler.Normalize(j)
+	j, err = scheduler.Normalize(j)
 	if err != nil {
 		return wire.Job{}, usageError("%v", err)
 	}

@@ -93,20 +93,31 @@ func (f *submitFlags) task(typ string) (wire.Task, error) {
 		}
 		t.NotBefore = &nb
 	}
-	if f.payload != "" {
-		data := []byte(f.payload)
-		if name, ok := strings.CutPrefix(f.payload, "@"); ok {
-			var err error
-			if data, err = os.ReadFile(name); err != nil {
-				return wire.Task{}, usageError("--payload: %v", err)
-			}
-		}
-		if !json.Valid(data) {
-			return wire.Task{}, usageError("--payload: not valid JSON")
-		}
-		t.Payload = data
+	payload, err := payloadFlag(f.payload)
+	if err != nil {
+		return wire.Task{}, err
 	}
+	t.Payload = payload
 	return t, nil
+}
+
+// payloadFlag reads a --payload value: JSON, or @FILE holding JSON. An
+// empty value is no payload.
+func payloadFlag(v string) (json.RawMessage, error) {
+	if v == "" {
+		return nil, nil
+	}
+	data := []byte(v)
+	if path, ok := strings.CutPrefix(v, "@"); ok {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			return nil, usageError("--payload: %v", err)
+		}
+	}
+	if !json.Valid(data) {
+		return nil, usageError("--payload: not valid JSON")
+	}
+	return data, nil
 }
 
 func (a *app) submit(ctx context.Context, typ string, f *submitFlags) error {
