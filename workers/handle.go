@@ -103,8 +103,8 @@ func (w *Workers) process(ctx context.Context, sp *spec, m jetstream.Msg) {
 		_ = m.Term()
 		return
 	}
-	if s := w.sorters[sp.queue.Name]; s != nil {
-		s.delivered(sp, meta.NumPending)
+	if sp.lane != nil {
+		sp.lane.delivered(meta.NumPending)
 	}
 	d := &delivery{w: w, msg: m, meta: meta, sp: sp}
 	d.run(ctx)

@@ -70,8 +70,7 @@ type sorter struct {
 	name  string
 	// lanes are the ready consumers of the queue, by task type; "" is the
 	// consumer of the whole queue, otherTypes the types a queue split by
-	// type does not run. Fixed by newSorter: delivered reads it from the
-	// runners.
+	// type does not run. Fixed by newSorter.
 	lanes map[string]*lane
 	// in carries the delivered tasks to run.
 	in   chan *held
@@ -91,7 +90,8 @@ type sorter struct {
 
 // lane is one consumer of sorted tasks and the tasks held for it.
 type lane struct {
-	sp *spec
+	sorter *sorter
+	sp     *spec
 	// lookahead is how many sorted tasks may wait undelivered on the lane,
 	// ahead of any task still held: a quarter of its concurrency, at
 	// least 1. More keeps a busy lane fed between the sorter's moves;
@@ -150,13 +150,14 @@ func newSorter(w *Workers, q *Queue, specs []*spec) *sorter {
 		quit: make(chan struct{}), lost: make(chan struct{}), done: make(chan struct{})}
 	for _, sp := range specs {
 		if sp.queue == q {
-			l := &lane{sp: sp, lookahead: max(1, sp.concurrency/4)}
+			l := &lane{sorter: s, sp: sp, lookahead: max(1, sp.concurrency/4)}
 			l.seen.Store(-1)
 			s.lanes[sp.typ] = l
+			sp.lane = l
 		}
 	}
 	if _, ok := s.lanes[""]; !ok {
-		l := &lane{}
+		l := &lane{sorter: s}
 		l.seen.Store(-1)
 		s.lanes[otherTypes] = l
 	}
@@ -255,15 +256,11 @@ func (s *sorter) stop() {
 	<-s.done
 }
 
-// delivered tells the sorter that a local delivery from sp saw pending
-// sorted tasks still waiting behind it.
-func (s *sorter) delivered(sp *spec, pending uint64) {
-	l := s.lanes[sp.typ]
-	if l == nil || l.sp != sp {
-		return
-	}
+// delivered tells the lane's sorter that a local delivery from the lane
+// saw pending sorted tasks still waiting behind it.
+func (l *lane) delivered(pending uint64) {
 	l.seen.Store(int64(pending))
-	s.wake()
+	l.sorter.wake()
 }
 
 func (s *sorter) wake() {

@@ -74,6 +74,9 @@ type spec struct {
 	typ     string
 	name    string
 	subject string
+	// lane is the spec's lane in its queue's sorter, on a prioritized
+	// queue.
+	lane *lane
 	// leftover is the subject of tasks a sorter moved before the queue
 	// stopped being prioritized; the consumer of a FIFO queue takes them
 	// too while there are any.
@@ -286,8 +289,8 @@ func (w *Workers) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("consumer %s: %w", sp.name, err)
 		}
-		if s := w.sorters[sp.queue.Name]; s != nil {
-			s.lanes[sp.typ].cons = cons
+		if sp.lane != nil {
+			sp.lane.cons = cons
 		}
 		if len(sp.queue.Types) > 0 && sp.typ == "" {
 			w.log.Debug("queue types set without concurrency; one consumer for the queue", "queue", sp.queue.Name)
