@@ -91,6 +91,13 @@ func NewTaskStore(ctx context.Context, js jetstream.JetStream, cfg TaskStoreConf
 	return s, nil
 }
 
+// Keeping returns the store on the same bucket that writes every record
+// without a TTL: for a record that must outlive its state's retention
+// until someone records the task's end.
+func (s *TaskStore) Keeping() *TaskStore {
+	return &TaskStore{js: s.js, kv: s.kv}
+}
+
 // expires reports whether the record of a task in state gets the TTL.
 func (s *TaskStore) expires(state wire.TaskState) bool {
 	return s.retention > 0 && (state == wire.TaskSucceeded || state == wire.TaskCancelled)

@@ -181,6 +181,13 @@ func TestTaskStoreRetention(t *testing.T) {
 		t.Errorf("TTL of revived = %v, want none", got)
 	}
 	written["revived"] = wire.TaskWaiting
+	// Keeping writes an ended record without the TTL.
+	if _, err := s.Keeping().Put(ctx, rec("kept", wire.TaskCancelled)); err != nil {
+		t.Fatal(err)
+	}
+	if got := storedTTL(t, env, "kept"); got != 0 {
+		t.Errorf("TTL of kept = %v, want none", got)
+	}
 
 	// The last record written with the TTL; once it is gone, every record
 	// written before it with one is due too.
@@ -207,6 +214,9 @@ func TestTaskStoreRetention(t *testing.T) {
 		if gone != ended(st) {
 			t.Errorf("%s (%s): expired = %v after the retention, want %v", id, st, gone, ended(st))
 		}
+	}
+	if _, _, err := s.Get(ctx, "kept"); err != nil {
+		t.Errorf("kept (CANCELLED, written by Keeping) = %v after the retention, want it kept", err)
 	}
 }
 

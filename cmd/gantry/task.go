@@ -283,11 +283,7 @@ func (a *app) taskCancel(ctx context.Context, id string, cfg kv.TaskStoreConfig)
 	// task a sorter already moved to gantry.ready (its message is not
 	// rec.Seq) is found cancelled by its worker only through it, however
 	// long it waits. Whoever records the end writes it with the retention.
-	pending, err := kv.NewTaskStore(ctx, js, kv.TaskStoreConfig{Retention: kv.KeepForever})
-	if err != nil {
-		return err
-	}
-	if rev, err = pending.Update(ctx, rec, rev); errors.Is(err, kv.ErrTaskChanged) {
+	if rev, err = tasks.Keeping().Update(ctx, rec, rev); errors.Is(err, kv.ErrTaskChanged) {
 		return withCode(exitFailure, fmt.Errorf("task %s changed meanwhile: try again", id))
 	} else if err != nil {
 		return err
