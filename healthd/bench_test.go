@@ -7,10 +7,10 @@ import (
 	"testing"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/egress"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/internal/proxytest"
-	"github.com/gantry-dev/gantry/kv"
 )
 
 // BenchmarkRecord measures what healthd does with one outcome (score,
@@ -23,7 +23,7 @@ func BenchmarkRecord(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if h.store, err = kv.NewRouteStore(ctx, env.JS); err != nil {
+	if h.store, err = egress.NewStore(ctx, env.JS); err != nil {
 		b.Fatal(err)
 	}
 	r := &route{spec: config.Route{ID: "r"}, state: wire.Route{ID: "r", State: wire.RouteAvailable, Score: 100, Proxy: "direct"}}
@@ -61,7 +61,7 @@ func BenchmarkProbe(b *testing.B) {
 	spec := config.Route{ID: "r", Proxy: p.URL(), ProbeURL: srv.URL}
 	ctx := context.Background()
 	b.Run("raw_get_via_proxy", func(b *testing.B) {
-		tr, err := kv.NewRouteTransport(p.URL(), nil)
+		tr, err := egress.NewTransport(p.URL(), nil)
 		if err != nil {
 			b.Fatal(err)
 		}

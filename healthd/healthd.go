@@ -15,11 +15,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/egress"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
-	"github.com/gantry-dev/gantry/kv"
 )
 
 // QueueGroup is the queue group healthd subscribes to reports and probe
@@ -69,7 +69,7 @@ type Healthd struct {
 	log    *slog.Logger
 
 	routes map[string]*route
-	store  *kv.RouteStore
+	store  *egress.Store
 
 	ready chan struct{}
 	stop  lifecycle.Stop
@@ -124,7 +124,7 @@ func New(cfg Config, nc *nats.Conn, js jetstream.JetStream) (*Healthd, error) {
 		if !wire.ValidToken(r.ID) || r.ProbeURL == "" {
 			return nil, fmt.Errorf("healthd: route %q needs a valid id and a probe_url", r.ID)
 		}
-		if _, err := kv.ProxyAddr(r.ProxyOrDirect()); err != nil {
+		if _, err := egress.ProxyAddr(r.ProxyOrDirect()); err != nil {
 			return nil, fmt.Errorf("healthd: route %q: %w", r.ID, err)
 		}
 		r.Interval = cmp.Or(r.Interval, config.Duration(config.DefaultRouteInterval))
@@ -163,7 +163,7 @@ func (h *Healthd) Stop() { h.stop.Stop() }
 func (h *Healthd) Run(ctx context.Context) error {
 	ctx, cancel := h.stop.Context(ctx)
 	defer cancel()
-	store, err := kv.NewRouteStore(ctx, h.js)
+	store, err := egress.NewStore(ctx, h.js)
 	if err != nil {
 		return h.stopped(ctx, err)
 	}

@@ -14,11 +14,11 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/egress"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/internal/proxytest"
-	"github.com/gantry-dev/gantry/kv"
 )
 
 // site is a real HTTP server on loopback answering status.
@@ -36,7 +36,7 @@ func site(t testing.TB, status int) *httptest.Server {
 type bundle struct {
 	env   *brokertest.Env
 	h     *Healthd
-	store *kv.RouteStore
+	store *egress.Store
 }
 
 // start runs healthd with cfg against env until the test ends.
@@ -62,7 +62,7 @@ func start(t *testing.T, env *brokertest.Env, cfg Config) *bundle {
 	case <-time.After(10 * time.Second):
 		t.Fatal("healthd not ready within 10s")
 	}
-	store, err := kv.NewRouteStore(context.Background(), env.JS)
+	store, err := egress.NewStore(context.Background(), env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,7 +348,7 @@ func TestReportsCountAndAutoAvoidsCooldown(t *testing.T) {
 	for _, id := range []string{"healthy", "flaky"} {
 		b.waitRoute(t, id, "probed", func(r wire.Route) bool { return r.LastChecked != nil })
 	}
-	picker, err := kv.NewRoutePicker(context.Background(), kv.RoutePickerConfig{Clock: clk}, env.NC, env.JS)
+	picker, err := egress.NewPicker(context.Background(), egress.PickerConfig{Clock: clk}, env.NC, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,14 +399,14 @@ func TestReportsCountAndAutoAvoidsCooldown(t *testing.T) {
 	if got := flaky.TunnelsTo(target); got != 0 {
 		t.Errorf("flaky proxy tunnels to the task's site = %d, want 0", got)
 	}
-	var ue *kv.RouteUnavailableError
+	var ue *egress.UnavailableError
 	if _, _, err := picker.Transport(context.Background(), "flaky"); err == nil || !asUnavailable(err, &ue) || ue.RetryAfter() != time.Minute {
 		t.Errorf("Transport(flaky) = %v, want a retry after the 1m cooldown", err)
 	}
 }
 
-func asUnavailable(err error, ue **kv.RouteUnavailableError) bool {
-	e, ok := err.(*kv.RouteUnavailableError)
+func asUnavailable(err error, ue **egress.UnavailableError) bool {
+	e, ok := err.(*egress.UnavailableError)
 	*ue = e
 	return ok
 }
@@ -414,7 +414,7 @@ func asUnavailable(err error, ue **kv.RouteUnavailableError) bool {
 func TestRemovedRouteDisabled(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
-	store, err := kv.NewRouteStore(context.Background(), env.JS)
+	store, err := egress.NewStore(context.Background(), env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,8 +11,8 @@ import (
 	"strings"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/egress"
 	"github.com/gantry-dev/gantry/internal/config"
-	"github.com/gantry-dev/gantry/kv"
 )
 
 // maxBody bounds how much of a probe or expect answer is read.
@@ -37,12 +37,12 @@ func (h *Healthd) probe(ctx context.Context, r config.Route) wire.HealthResult {
 	}
 	c, err := h.cfg.Dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return fail(wire.StageTCP, kv.ClassifyError(err), err)
+		return fail(wire.StageTCP, egress.ClassifyError(err), err)
 	}
 	_ = c.Close()
 
 	// Stage 2: a light request through the route, timed.
-	tr, err := kv.NewRouteTransport(proxy, h.cfg.Dialer)
+	tr, err := egress.NewTransport(proxy, h.cfg.Dialer)
 	if err != nil {
 		return fail(wire.StageRequest, wire.KindOther, err)
 	}
@@ -56,7 +56,7 @@ func (h *Healthd) probe(ctx context.Context, r config.Route) wire.HealthResult {
 	status, _, err := fetch(ctx, client, r.ProbeURL)
 	res.LatencyMS = h.cfg.Clock.Now().Sub(start).Milliseconds()
 	if err != nil {
-		return fail(wire.StageRequest, kv.ClassifyError(err), err)
+		return fail(wire.StageRequest, egress.ClassifyError(err), err)
 	}
 	if status >= 400 {
 		return fail(wire.StageRequest, wire.KindBadStatus, fmt.Errorf("probe_url answered %d %s", status, http.StatusText(status)))
@@ -69,7 +69,7 @@ func (h *Healthd) probe(ctx context.Context, r config.Route) wire.HealthResult {
 	}
 	status, body, err := fetch(ctx, client, r.ExpectURL)
 	if err != nil {
-		return fail(wire.StageExit, kv.ClassifyError(err), err)
+		return fail(wire.StageExit, egress.ClassifyError(err), err)
 	}
 	if status >= 400 {
 		return fail(wire.StageExit, wire.KindBadStatus, fmt.Errorf("expect_url answered %d %s", status, http.StatusText(status)))
@@ -92,7 +92,7 @@ func (h *Healthd) probe(ctx context.Context, r config.Route) wire.HealthResult {
 // firstHop is the address stage 1 connects to: the proxy's, or the probe
 // URL's host and port for a direct route.
 func firstHop(proxy, probeURL string) (string, error) {
-	addr, err := kv.ProxyAddr(proxy)
+	addr, err := egress.ProxyAddr(proxy)
 	if err != nil || addr != "" {
 		return addr, err
 	}

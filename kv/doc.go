@@ -1,24 +1,17 @@
-// Package kv holds gantry's typed stores on JetStream KV buckets.
+// Package kv holds the KV mechanics every gantry store shares, and nothing
+// about any one domain:
 //
-// Leases (gantry_leases) are exclusive claims on a resource with a per-key
-// TTL that the broker enforces: acquire is create-if-absent, renew is a
-// compare-and-swap publish on the key's revision that restarts the TTL, and
-// release deletes at the holder's revision. A lease is never taken from a
-// live holder; a conflict is a *ConflictError naming the holder and its
-// expiry. Hold wraps a lease in a Holder that renews it every TTL/3 and
-// cancels its context as soon as the lease is lost, so work stops.
+//   - one error vocabulary (ErrNotFound, ErrExists, ErrChanged, ErrInvalid)
+//     that each domain package wraps into its own sentinels, so a caller
+//     can ask errors.Is(err, tasks.ErrNotFound) or, across domains,
+//     errors.Is(err, kv.ErrNotFound);
+//   - Conflict, the one test for "the broker refused a compare-and-swap",
+//     covering both codes the server uses (single server and replicated);
+//   - Entries, which reads a bucket's live keys to the end of a watcher;
+//   - Msg and Subject, for a write published on a key's subject with a
+//     per-message TTL (KV's own Put and Update drop the TTL).
 //
-// Resources (gantry_resources) carry the state machine AVAILABLE, LEASED,
-// RUNNING, COOLDOWN, FAULT and DISABLED. Every move is a compare-and-swap on
-// the key's revision, checked against the allowed moves (CheckMove), and an
-// audit event. Resources.Lease is what a task uses: it refuses a DISABLED or
-// FAULT resource, acquires the lease, moves the resource to LEASED and hands
-// back a ResourceHolder whose Start and Finish drive the rest. A resource id
-// that is not registered can still be leased: it then gets a plain lease and
-// no state machine.
-//
-// The Keeper actor registers the resources of the config file, records
-// lease expiries (LEASE_EXPIRED, one event per expiry even with several
-// keepers) and reclaims resources left LEASED, RUNNING or COOLDOWN whose
-// lease is gone.
+// The domain stores live beside it: lease (leases, resources, the keeper),
+// tasks (task records, checkpoints), jobs (jobs and scheduler state) and
+// egress (routes).
 package kv

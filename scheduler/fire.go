@@ -14,7 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/jobs"
 )
 
 // elect campaigns for the leader lease and, once held, renews it every
@@ -85,7 +85,7 @@ func (r *runner) elect(ctx context.Context) {
 		l, nrev, err := r.st.Campaign(cctx, s.cfg.ID, s.host, s.clock.Now(), ttl)
 		cancel()
 		if err != nil {
-			if !errors.Is(err, kv.ErrLeaderHeld) && ctx.Err() == nil {
+			if !errors.Is(err, jobs.ErrLeaderHeld) && ctx.Err() == nil {
 				s.log.Warn("campaign", "err", err)
 			}
 			tick.Reset(ttl / 2)

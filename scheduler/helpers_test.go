@@ -16,7 +16,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/clock"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/jobs"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -29,8 +29,8 @@ type bundle struct {
 	t     *testing.T
 	env   *brokertest.Env
 	clk   *clock.Fake
-	jobs  *kv.JobStore
-	st    *kv.SchedulerStore
+	jobs  *jobs.Store
+	st    *jobs.SchedulerStore
 	tasks jetstream.Stream
 	audit jetstream.Stream
 }
@@ -39,11 +39,11 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	env := brokertest.Start(t)
 	ctx := context.Background()
-	jobs, err := kv.NewJobStore(ctx, env.JS)
+	jobStore, err := jobs.NewStore(ctx, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := kv.NewSchedulerStore(ctx, env.JS)
+	st, err := jobs.NewSchedulerStore(ctx, env.JS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func setup(t *testing.T) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &bundle{t: t, env: env, clk: clock.NewFake(t0), jobs: jobs, st: st, tasks: tasks, audit: au}
+	return &bundle{t: t, env: env, clk: clock.NewFake(t0), jobs: jobStore, st: st, tasks: tasks, audit: au}
 }
 
 // start runs a scheduler on its own connection and waits until it leads

@@ -18,7 +18,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/jobs"
 )
 
 // maxMissedEvents bounds the JOB_MISSED events of one job after one
@@ -81,8 +81,8 @@ type triggerReq struct {
 // where noted.
 type runner struct {
 	s       *Scheduler
-	jobs    *kv.JobStore
-	st      *kv.SchedulerStore
+	jobs    *jobs.Store
+	st      *jobs.SchedulerStore
 	jobsStr jetstream.Stream
 	tasks   jetstream.KeyValue
 	watch   jetstream.KeyWatcher
@@ -116,11 +116,11 @@ type runner struct {
 }
 
 func (s *Scheduler) newRunner(ctx context.Context) (*runner, error) {
-	jobs, err := kv.NewJobStore(ctx, s.js)
+	jobStore, err := jobs.NewStore(ctx, s.js)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
-	st, err := kv.NewSchedulerStore(ctx, s.js)
+	st, err := jobs.NewSchedulerStore(ctx, s.js)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
@@ -129,7 +129,7 @@ func (s *Scheduler) newRunner(ctx context.Context) (*runner, error) {
 		return nil, fmt.Errorf("scheduler: open jobs stream: %w", err)
 	}
 	r := &runner{
-		s: s, jobs: jobs, st: st, jobsStr: str,
+		s: s, jobs: jobStore, st: st, jobsStr: str,
 		entries:    map[string]*entry{},
 		leaderCh:   make(chan leaderChange),
 		active:     map[string]*active{},
@@ -262,7 +262,7 @@ func (r *runner) applyJob(e jetstream.KeyValueEntry) {
 	if old != nil && old.rev == e.Revision() {
 		return
 	}
-	j, err := kv.DecodeJob(e.Value())
+	j, err := jobs.Decode(e.Value())
 	var sp *spec
 	if err == nil {
 		if j.Name != name {

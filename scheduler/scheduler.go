@@ -17,6 +17,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
+	"github.com/gantry-dev/gantry/jobs"
 	"github.com/gantry-dev/gantry/kv"
 )
 
@@ -165,8 +166,8 @@ func (s *Scheduler) Run(ctx context.Context) error {
 // left alone. An existing job keeps its Paused flag, so a pause done by an
 // operator survives a restart; a job's paused setting in jobs only applies
 // when the job is created. Jobs missing from jobs are not deleted.
-func ApplyJobs(ctx context.Context, store *kv.JobStore, jobs []wire.Job, now time.Time) error {
-	for _, j := range jobs {
+func ApplyJobs(ctx context.Context, store *jobs.Store, defs []wire.Job, now time.Time) error {
+	for _, j := range defs {
 		j, err := Normalize(j)
 		if err != nil {
 			return err
@@ -174,10 +175,10 @@ func ApplyJobs(ctx context.Context, store *kv.JobStore, jobs []wire.Job, now tim
 		j.Source = wire.JobSourceConfig
 		for {
 			cur, rev, err := store.Get(ctx, j.Name)
-			if errors.Is(err, kv.ErrJobNotFound) {
+			if errors.Is(err, jobs.ErrNotFound) {
 				j.CreatedAt, j.UpdatedAt = now, now
 				_, err = store.Create(ctx, j)
-				if errors.Is(err, kv.ErrJobExists) {
+				if errors.Is(err, jobs.ErrExists) {
 					continue
 				}
 				if err != nil {
@@ -195,7 +196,7 @@ func ApplyJobs(ctx context.Context, store *kv.JobStore, jobs []wire.Job, now tim
 			next.Paused = cur.Paused
 			next.CreatedAt, next.UpdatedAt = cur.CreatedAt, now
 			_, err = store.Update(ctx, next, rev)
-			if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			if errors.Is(err, kv.ErrChanged) {
 				continue
 			}
 			if err != nil {

@@ -15,9 +15,9 @@ var ErrCancelled = errors.New("task cancelled")
 // time.
 var ErrTimeout = errors.New("task timed out")
 
-// ErrLeaseLost is the cause of a task's context when the lease on its
+// ErrLost is the cause of a task's context when the lease on its
 // resource was lost while it ran.
-var ErrLeaseLost = errors.New("resource lease lost")
+var ErrLost = errors.New("resource lease lost")
 
 // errInterrupted is the cause of a task's context when the worker stops.
 var errInterrupted = errors.New("worker stopping")

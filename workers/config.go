@@ -14,7 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/clock"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/tasks"
 )
 
 // Config configures the workers of one process.
@@ -44,7 +44,7 @@ type Config struct {
 	// then removes it, and the audit store keeps the task's history.
 	// NEEDS_REVIEW records (the review queue) and live tasks' records never
 	// expire. Whole seconds, at least 1 s. Defaults to 7 days
-	// (kv.DefaultTaskRetention); kv.KeepForever keeps every record.
+	// (tasks.DefaultRetention); tasks.KeepForever keeps every record.
 	TaskRetention time.Duration
 	// KeyTTL is how long a task's key deduplicates. Defaults to 24 hours,
 	// the stream's Nats-Msg-Id window.
@@ -188,7 +188,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.BusyDelay = cmp.Or(c.BusyDelay, time.Second)
 	c.MaxDeliver = cmp.Or(c.MaxDeliver, 2000)
 	c.KeyTTL = cmp.Or(c.KeyTTL, 24*time.Hour)
-	c.TaskRetention = cmp.Or(c.TaskRetention, kv.DefaultTaskRetention)
+	c.TaskRetention = cmp.Or(c.TaskRetention, tasks.DefaultRetention)
 	c.StateDelay = cmp.Or(c.StateDelay, 250*time.Millisecond)
 	c.OutputTail = cmp.Or(c.OutputTail, 4096)
 	c.KillGrace = cmp.Or(c.KillGrace, 2*time.Second)
@@ -206,7 +206,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.KeyTTL < time.Second {
 		return c, fmt.Errorf("key ttl %v: want at least 1s", c.KeyTTL)
 	}
-	if err := kv.CheckRetention(c.TaskRetention); err != nil {
+	if err := tasks.CheckRetention(c.TaskRetention); err != nil {
 		return c, err
 	}
 	seen := map[string]bool{}

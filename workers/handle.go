@@ -18,6 +18,8 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/lease"
+	"github.com/gantry-dev/gantry/tasks"
 )
 
 // taskID is a task's id: its own, else its Nats-Msg-Id when that can name a
@@ -149,7 +151,7 @@ func (d *delivery) run(ctx context.Context) {
 	if meta.NumDelivered > 1 || sorted {
 		prev, _, err := w.tasks.Get(ctx, id)
 		switch {
-		case errors.Is(err, kv.ErrTaskNotFound):
+		case errors.Is(err, tasks.ErrNotFound):
 		case err != nil:
 			w.log.Warn("read task state", "task_id", id, "err", err)
 			d.nak(time.Second)
@@ -217,13 +219,13 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	untrack := w.track(id, cancel)
 	defer untrack()
 
-	var holder *kv.ResourceHolder
+	var holder *lease.ResourceHolder
 	if d.rec.Resource != "" {
 		var ok bool
 		if holder, ok = d.lease(ctx); !ok {
 			return
 		}
-		stop := context.AfterFunc(holder.Context(), func() { cancel(ErrLeaseLost) })
+		stop := context.AfterFunc(holder.Context(), func() { cancel(ErrLost) })
 		defer stop()
 	}
 
@@ -278,7 +280,7 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 			switch {
 			case errors.Is(cause, ErrTimeout):
 				err = fmt.Errorf("timed out after %v: %w", d.pol.Timeout, err)
-			case errors.Is(cause, ErrCancelled), errors.Is(cause, errInterrupted), errors.Is(cause, ErrLeaseLost):
+			case errors.Is(cause, ErrCancelled), errors.Is(cause, errInterrupted), errors.Is(cause, ErrLost):
 				err = fmt.Errorf("%w: %w", cause, err)
 			case ctx.Err() != nil:
 				err = fmt.Errorf("%w: %w", errInterrupted, err)
@@ -288,7 +290,7 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	d.rec.Output = t.outputText()
 	w.log.Debug("attempt ended", "task_id", id, "attempt", attempt, "duration", time.Since(start), "err", err)
 	if holder != nil {
-		if ferr := holder.Finish(context.WithoutCancel(ctx), kv.OutcomeOf(err)); ferr != nil {
+		if ferr := holder.Finish(context.WithoutCancel(ctx), lease.OutcomeOf(err)); ferr != nil {
 			w.log.Warn("release resource", "task_id", id, "resource_id", d.rec.Resource, "err", ferr)
 		}
 	}
@@ -297,24 +299,24 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 
 // lease takes the task's resource and moves it to RUNNING. If it cannot,
 // it settles the delivery (a delayed retry) and returns false.
-func (d *delivery) lease(ctx context.Context) (*kv.ResourceHolder, bool) {
+func (d *delivery) lease(ctx context.Context) (*lease.ResourceHolder, bool) {
 	w := d.w
 	owner := w.cfg.Name + "/" + d.rec.ID
 	h, err := w.resources.Lease(ctx, d.rec.Resource, owner, w.cfg.LeaseTTL)
 	if err == nil {
 		if err = h.Start(ctx); err != nil {
-			_ = h.Finish(context.WithoutCancel(ctx), kv.Outcome{})
+			_ = h.Finish(context.WithoutCancel(ctx), lease.Outcome{})
 		}
 	}
 	if err == nil {
 		return h, true
 	}
 	wait := w.cfg.BusyDelay
-	var ce *kv.ConflictError
+	var ce *lease.ConflictError
 	switch {
 	case errors.As(err, &ce):
 		wait = max(wait, min(ce.ExpiresAt.Sub(w.cfg.Clock.Now()), d.pol.Delay))
-	case errors.Is(err, kv.ErrUnavailable):
+	case errors.Is(err, lease.ErrUnavailable):
 		wait = d.pol.Delay
 	case errors.Is(err, kv.ErrInvalid):
 		d.needsReview(ctx, Permanent(fmt.Errorf("resource %s: %w", d.rec.Resource, err)))

@@ -13,7 +13,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/tasks"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -21,7 +21,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // bundle is a broker, a client, and a way to watch tasks and events.
 type bundle struct {
 	env   *brokertest.Env
-	tasks *kv.TaskStore
+	tasks *tasks.Store
 
 	mu     sync.Mutex
 	events []wire.Event
@@ -30,7 +30,7 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	env := brokertest.Start(t)
-	ts, err := kv.NewTaskStore(context.Background(), env.JS, kv.TaskStoreConfig{})
+	ts, err := tasks.NewStore(context.Background(), env.JS, tasks.StoreConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,12 +10,12 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/lease"
 )
 
-func resources(t *testing.T, b *bundle) *kv.Resources {
+func resources(t *testing.T, b *bundle) *lease.Resources {
 	t.Helper()
-	r, err := kv.NewResources(b.env.JS, kv.ResourcesConfig{Audit: audit.NewEmitter(b.env.JS, "test", nil)})
+	r, err := lease.NewResources(b.env.JS, lease.ResourcesConfig{Audit: audit.NewEmitter(b.env.JS, "test", nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func TestResourceTasksNeverOverlap(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	res := resources(t, b)
-	if _, err := res.Add(context.Background(), kv.ResourceSpec{ID: "cam1"}); err != nil {
+	if _, err := res.Add(context.Background(), lease.ResourceSpec{ID: "cam1"}); err != nil {
 		t.Fatal(err)
 	}
 	var running, most atomic.Int32
@@ -74,13 +74,13 @@ func TestResourceFault(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	res := resources(t, b)
-	if _, err := res.Add(context.Background(), kv.ResourceSpec{ID: "printer"}); err != nil {
+	if _, err := res.Add(context.Background(), lease.ResourceSpec{ID: "printer"}); err != nil {
 		t.Fatal(err)
 	}
 	var env atomic.Value
 	h := HandlerFunc(func(ctx context.Context, t *Task) error {
 		env.Store(t.Resource)
-		return kv.Fault(errors.New("paper jam"))
+		return lease.Fault(errors.New("paper jam"))
 	})
 	b.start(t, Config{Policy: Policy{Delay: time.Minute, BackoffBase: 50 * time.Millisecond}}, map[string]Handler{"print": h})
 	b.publish(t, wire.TaskSubject("", "print"), `{"id":"pr1","resource":"printer"}`)

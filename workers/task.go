@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/tasks"
 )
 
 // ErrBadTask marks a task message that cannot be decoded or is invalid.
@@ -47,7 +47,7 @@ type Task struct {
 	// Deadline is when the attempt times out.
 	Deadline time.Time
 
-	cps     *kv.CheckpointStore
+	cps     *tasks.CheckpointStore
 	touched atomic.Bool
 	output  atomic.Pointer[string]
 }
@@ -81,9 +81,9 @@ func (t *Task) Once(ctx context.Context, op string, fn func(ctx context.Context)
 		return err
 	}
 	switch st {
-	case kv.OpDone:
+	case tasks.OpDone:
 		return nil
-	case kv.OpInDoubt:
+	case tasks.OpInDoubt:
 		return Permanent(fmt.Errorf("operation %q: %w", op, ErrOperationInDoubt))
 	}
 	if err := fn(ctx); err != nil {

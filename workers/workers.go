@@ -16,7 +16,8 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/lease"
+	"github.com/gantry-dev/gantry/tasks"
 )
 
 // Workers consumes the task queues of one process and runs their tasks.
@@ -27,9 +28,9 @@ type Workers struct {
 	log   *slog.Logger
 	audit *audit.Emitter
 
-	tasks     *kv.TaskStore
-	cps       *kv.CheckpointStore
-	resources *kv.Resources
+	tasks     *tasks.Store
+	cps       *tasks.CheckpointStore
+	resources *lease.Resources
 
 	hmu      sync.RWMutex
 	handlers map[string]Handler
@@ -231,13 +232,13 @@ func (w *Workers) Run(ctx context.Context) error {
 	default:
 	}
 	var err error
-	if w.tasks, err = kv.NewTaskStore(ctx, w.js, kv.TaskStoreConfig{Retention: w.cfg.TaskRetention}); err != nil {
+	if w.tasks, err = tasks.NewStore(ctx, w.js, tasks.StoreConfig{Retention: w.cfg.TaskRetention}); err != nil {
 		return err
 	}
-	if w.cps, err = kv.NewCheckpointStore(ctx, w.js); err != nil {
+	if w.cps, err = tasks.NewCheckpointStore(ctx, w.js); err != nil {
 		return err
 	}
-	if w.resources, err = kv.NewResources(w.js, kv.ResourcesConfig{Audit: w.audit, Logger: w.log, Clock: w.cfg.Clock}); err != nil {
+	if w.resources, err = lease.NewResources(w.js, lease.ResourcesConfig{Audit: w.audit, Logger: w.log, Clock: w.cfg.Clock}); err != nil {
 		return err
 	}
 	stream, err := w.js.Stream(ctx, wire.StreamTasks)

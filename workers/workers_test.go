@@ -14,7 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/tasks"
 )
 
 func TestPlainPublishRuns(t *testing.T) {
@@ -422,7 +422,7 @@ func TestTaskRetention(t *testing.T) {
 	for _, id := range []string{"ok", "cancelled", "last"} {
 		for {
 			_, _, err := b.tasks.Get(context.Background(), id)
-			if errors.Is(err, kv.ErrTaskNotFound) {
+			if errors.Is(err, tasks.ErrNotFound) {
 				break
 			}
 			if time.Now().After(deadline) {

@@ -17,6 +17,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/jobs"
 	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/scheduler"
 )
@@ -117,21 +118,21 @@ func (a *app) jobAdd(ctx context.Context, name string, f *jobFlags) error {
 		return err
 	}
 	defer nc.Close()
-	store, err := kv.NewJobStore(ctx, js)
+	store, err := jobs.NewStore(ctx, js)
 	if err != nil {
 		return err
 	}
 	now := time.Now().UTC()
 	for {
 		cur, rev, err := store.Get(ctx, name)
-		if errors.Is(err, kv.ErrJobNotFound) {
+		if errors.Is(err, jobs.ErrNotFound) {
 			j.CreatedAt, j.UpdatedAt = now, now
-			if _, err = store.Create(ctx, j); errors.Is(err, kv.ErrJobExists) {
+			if _, err = store.Create(ctx, j); errors.Is(err, jobs.ErrExists) {
 				continue
 			}
 		} else if err == nil {
 			j.Paused, j.CreatedAt, j.UpdatedAt = cur.Paused, cur.CreatedAt, now
-			if _, err = store.Update(ctx, j, rev); errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			if _, err = store.Update(ctx, j, rev); errors.Is(err, kv.ErrChanged) {
 				continue
 			}
 		}
@@ -244,26 +245,26 @@ func jobWhenp(t *time.Time) string {
 
 // withJobStores connects, opens the job and scheduler stores, runs fn and
 // closes the connection.
-func (a *app) withJobStores(ctx context.Context, fn func(ctx context.Context, jobs *kv.JobStore, st *kv.SchedulerStore) error) error {
+func (a *app) withJobStores(ctx context.Context, fn func(ctx context.Context, store *jobs.Store, st *jobs.SchedulerStore) error) error {
 	nc, js, err := a.client.connect("gantry-job")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	jobs, err := kv.NewJobStore(ctx, js)
+	store, err := jobs.NewStore(ctx, js)
 	if err != nil {
 		return err
 	}
-	st, err := kv.NewSchedulerStore(ctx, js)
+	st, err := jobs.NewSchedulerStore(ctx, js)
 	if err != nil {
 		return err
 	}
-	return fn(ctx, jobs, st)
+	return fn(ctx, store, st)
 }
 
 // jobNotFound maps a missing job to exit code 4.
 func jobNotFound(err error) error {
-	if errors.Is(err, kv.ErrJobNotFound) {
+	if errors.Is(err, jobs.ErrNotFound) {
 		return withCode(exitNotFound, err)
 	}
 	return err
@@ -275,8 +276,8 @@ func (a *app) jobLsCommand() *cobra.Command {
 		Short: "List the jobs with their trigger, state and next fire",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withJobStores(cmd.Context(), func(ctx context.Context, jobs *kv.JobStore, st *kv.SchedulerStore) error {
-				list, bad, err := jobs.List(ctx)
+			return a.withJobStores(cmd.Context(), func(ctx context.Context, store *jobs.Store, st *jobs.SchedulerStore) error {
+				list, bad, err := store.List(ctx)
 				if err != nil {
 					return err
 				}
@@ -316,8 +317,8 @@ func (a *app) jobGetCommand() *cobra.Command {
 		Short: "Show one job (exit 4 if there is none of that name)",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withJobStores(cmd.Context(), func(ctx context.Context, jobs *kv.JobStore, st *kv.SchedulerStore) error {
-				j, _, err := jobs.Get(ctx, args[0])
+			return a.withJobStores(cmd.Context(), func(ctx context.Context, store *jobs.Store, st *jobs.SchedulerStore) error {
+				j, _, err := store.Get(ctx, args[0])
 				if err != nil {
 					return jobNotFound(err)
 				}
@@ -351,8 +352,8 @@ func (a *app) jobRmCommand() *cobra.Command {
 		Short: "Remove a job; it does not fire again",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withJobStores(cmd.Context(), func(ctx context.Context, jobs *kv.JobStore, _ *kv.SchedulerStore) error {
-				if err := jobs.Delete(ctx, args[0]); err != nil {
+			return a.withJobStores(cmd.Context(), func(ctx context.Context, store *jobs.Store, _ *jobs.SchedulerStore) error {
+				if err := store.Delete(ctx, args[0]); err != nil {
 					return jobNotFound(err)
 				}
 				fmt.Fprintf(a.stdout, "job %s removed\n", args[0])
@@ -372,8 +373,8 @@ func (a *app) jobPauseCommand(pause bool) *cobra.Command {
 		Short: short,
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withJobStores(cmd.Context(), func(ctx context.Context, jobs *kv.JobStore, _ *kv.SchedulerStore) error {
-				j, err := jobs.Modify(ctx, args[0], func(j *wire.Job) error {
+			return a.withJobStores(cmd.Context(), func(ctx context.Context, store *jobs.Store, _ *jobs.SchedulerStore) error {
+				j, err := store.Modify(ctx, args[0], func(j *wire.Job) error {
 					j.Paused = pause
 					j.UpdatedAt = time.Now().UTC()
 					return nil
@@ -442,13 +443,13 @@ func (a *app) jobRunsCommand() *cobra.Command {
 		Short: "Show a job's latest runs: planned, started, finished, state, attempts, error, machines",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withJobStores(cmd.Context(), func(ctx context.Context, jobs *kv.JobStore, st *kv.SchedulerStore) error {
+			return a.withJobStores(cmd.Context(), func(ctx context.Context, store *jobs.Store, st *jobs.SchedulerStore) error {
 				runs, err := st.Runs(ctx, args[0], limit)
 				if err != nil {
 					return err
 				}
 				if len(runs) == 0 {
-					if _, _, err := jobs.Get(ctx, args[0]); err != nil {
+					if _, _, err := store.Get(ctx, args[0]); err != nil {
 						return jobNotFound(err)
 					}
 				}

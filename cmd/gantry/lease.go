@@ -17,6 +17,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/lease"
 )
 
 // defaultLeaseTTL is the TTL of a lease taken from the command line.
@@ -51,7 +52,7 @@ lease.`,
 // lease store). done flushes the audit events and closes the connection.
 // The stores log to stderr, so that an audit event they could not publish
 // is not lost silently.
-func (a *app) leaseStores() (r *kv.Resources, done func(), err error) {
+func (a *app) leaseStores() (r *lease.Resources, done func(), err error) {
 	log, err := a.logger()
 	if err != nil {
 		return nil, nil, err
@@ -60,7 +61,7 @@ func (a *app) leaseStores() (r *kv.Resources, done func(), err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	r, err = kv.NewResources(js, kv.ResourcesConfig{Audit: audit.NewEmitter(js, "cli", clock.Real{}), Logger: log})
+	r, err = lease.NewResources(js, lease.ResourcesConfig{Audit: audit.NewEmitter(js, "cli", clock.Real{}), Logger: log})
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
@@ -71,7 +72,7 @@ func (a *app) leaseStores() (r *kv.Resources, done func(), err error) {
 // withStores runs fn on the resource store (and through it the lease
 // store), then flushes the audit events and closes the connection. fn's
 // error maps to the contract's exit codes.
-func (a *app) withStores(fn func(*kv.Resources) error) error {
+func (a *app) withStores(fn func(*lease.Resources) error) error {
 	r, done, err := a.leaseStores()
 	if err != nil {
 		return err
@@ -83,11 +84,11 @@ func (a *app) withStores(fn func(*kv.Resources) error) error {
 // withHeldLease runs fn on owner's current lease on resource. A lease held
 // by another owner is never handed to fn: exit 3 naming the holder; no
 // lease on resource: exit 4.
-func (a *app) withHeldLease(ctx context.Context, resource, owner string, fn func(*kv.Resources, wire.Lease) error) error {
+func (a *app) withHeldLease(ctx context.Context, resource, owner string, fn func(*lease.Resources, wire.Lease) error) error {
 	if err := checkOwner(owner); err != nil {
 		return err
 	}
-	return a.withStores(func(r *kv.Resources) error {
+	return a.withStores(func(r *lease.Resources) error {
 		cur, err := heldBy(ctx, r.Leases(), resource, owner)
 		if err != nil {
 			return err
@@ -99,7 +100,7 @@ func (a *app) withHeldLease(ctx context.Context, resource, owner string, fn func
 // flushAndClose waits for the audit events of the command, then closes the
 // connection. The command's own outcome stands; an event that may be
 // missing from the audit trail is reported on stderr.
-func (a *app) flushAndClose(r *kv.Resources, nc *nats.Conn) {
+func (a *app) flushAndClose(r *lease.Resources, nc *nats.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := r.Flush(ctx); err != nil {
@@ -113,11 +114,11 @@ func leaseExit(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, kv.ErrConflict):
+	case errors.Is(err, lease.ErrConflict):
 		return withCode(exitConflict, err)
 	case errors.Is(err, kv.ErrNotFound):
 		return withCode(exitNotFound, err)
-	case errors.Is(err, kv.ErrIllegalMove), errors.Is(err, kv.ErrInvalid):
+	case errors.Is(err, lease.ErrIllegalMove), errors.Is(err, kv.ErrInvalid):
 		return withCode(exitUsage, err)
 	}
 	return err
@@ -155,7 +156,7 @@ holds it, the lease is renewed.`,
 			if err := checkOwner(owner); err != nil {
 				return err
 			}
-			return a.withStores(func(r *kv.Resources) error {
+			return a.withStores(func(r *lease.Resources) error {
 				rh, err := r.Lease(cmd.Context(), args[0], owner, ttl)
 				if err != nil {
 					return err
@@ -179,7 +180,7 @@ func checkOwner(owner string) error {
 
 // heldBy returns the current lease on resource if owner holds it: a
 // *ConflictError if someone else does, ErrNotFound if nobody does.
-func heldBy(ctx context.Context, l *kv.Leases, resource, owner string) (wire.Lease, error) {
+func heldBy(ctx context.Context, l *lease.Leases, resource, owner string) (wire.Lease, error) {
 	cur, err := l.Get(ctx, resource)
 	if errors.Is(err, kv.ErrNotFound) {
 		return wire.Lease{}, fmt.Errorf("no lease on %s (it lapsed or was released; take it again with 'gantry lease acquire'): %w", resource, kv.ErrNotFound)
@@ -188,7 +189,7 @@ func heldBy(ctx context.Context, l *kv.Leases, resource, owner string) (wire.Lea
 		return wire.Lease{}, err
 	}
 	if cur.Owner != owner {
-		return wire.Lease{}, &kv.ConflictError{Resource: resource, Holder: cur.Owner, ExpiresAt: cur.ExpiresAt, Revision: cur.Revision}
+		return wire.Lease{}, &lease.ConflictError{Resource: resource, Holder: cur.Owner, ExpiresAt: cur.ExpiresAt, Revision: cur.Revision}
 	}
 	return cur, nil
 }
@@ -204,7 +205,7 @@ the one it was taken with). A lease held by another owner is never renewed:
 exit 3 naming the holder. No lease on RES (it lapsed or was released): exit 4.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withHeldLease(cmd.Context(), args[0], owner, func(r *kv.Resources, cur wire.Lease) error {
+			return a.withHeldLease(cmd.Context(), args[0], owner, func(r *lease.Resources, cur wire.Lease) error {
 				renewed, err := r.Leases().Renew(cmd.Context(), cur, ttl)
 				if err != nil {
 					return err
@@ -228,8 +229,8 @@ AVAILABLE. A lease held by another owner is never released: exit 3 naming the
 holder. No lease on RES: exit 4.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withHeldLease(cmd.Context(), args[0], owner, func(r *kv.Resources, cur wire.Lease) error {
-				return r.Release(cmd.Context(), cur, kv.Outcome{})
+			return a.withHeldLease(cmd.Context(), args[0], owner, func(r *lease.Resources, cur wire.Lease) error {
+				return r.Release(cmd.Context(), cur, lease.Outcome{})
 			})
 		},
 	}
@@ -245,7 +246,7 @@ func (a *app) leaseLsCommand() *cobra.Command {
 resource, owner, expires_at and revision.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withStores(func(r *kv.Resources) error {
+			return a.withStores(func(r *lease.Resources) error {
 				ls, err := r.Leases().List(cmd.Context())
 				if err != nil {
 					return err
@@ -315,7 +316,7 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 	finish := func() error {
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		return rh.Finish(fctx, kv.Outcome{})
+		return rh.Finish(fctx, lease.Outcome{})
 	}
 	if err := rh.Start(ctx); err != nil {
 		return errors.Join(leaseExit(err), finish())
@@ -347,7 +348,7 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 			killErr := tree.kill()
 			<-waited
 			cause := context.Cause(rh.Context())
-			if !errors.Is(cause, kv.ErrLeaseLost) {
+			if !errors.Is(cause, lease.ErrLost) {
 				// Our own context ended: stop the command, release.
 				return errors.Join(withCode(exitFailure, fmt.Errorf("%s stopped: %w", argv[0], cause)), killErr, finish())
 			}

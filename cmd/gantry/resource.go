@@ -7,7 +7,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/config"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/lease"
 )
 
 func (a *app) resourceCommand() *cobra.Command {
@@ -35,17 +35,17 @@ move exits 2 naming from and to. DISABLED and FAULT resources cannot be leased.`
 // resourceJSON is a resource as `--json` prints it: every field of the
 // contract, present even when empty.
 type resourceJSON struct {
-	ID         string             `json:"id"`
-	State      wire.ResourceState `json:"state"`
-	LeaseOwner string             `json:"lease_owner"`
-	LeaseUntil *time.Time         `json:"lease_until"`
-	RouteID    string             `json:"route_id"`
-	LastError  string             `json:"last_error"`
-	UpdatedAt  time.Time          `json:"updated_at"`
-	Reclaim    kv.ReclaimPolicy   `json:"reclaim"`
+	ID         string              `json:"id"`
+	State      wire.ResourceState  `json:"state"`
+	LeaseOwner string              `json:"lease_owner"`
+	LeaseUntil *time.Time          `json:"lease_until"`
+	RouteID    string              `json:"route_id"`
+	LastError  string              `json:"last_error"`
+	UpdatedAt  time.Time           `json:"updated_at"`
+	Reclaim    lease.ReclaimPolicy `json:"reclaim"`
 }
 
-func toResourceJSON(r kv.Resource) resourceJSON {
+func toResourceJSON(r lease.Resource) resourceJSON {
 	return resourceJSON{
 		ID: r.ID, State: r.State, LeaseOwner: r.LeaseOwner, LeaseUntil: r.LeaseUntil,
 		RouteID: r.RouteID, LastError: r.LastError, UpdatedAt: r.UpdatedAt, Reclaim: r.Reclaim,
@@ -53,7 +53,7 @@ func toResourceJSON(r kv.Resource) resourceJSON {
 }
 
 // printResources prints resources as a table, or a JSON array.
-func (a *app) printResources(rs []kv.Resource) error {
+func (a *app) printResources(rs []lease.Resource) error {
 	if a.json {
 		out := make([]resourceJSON, 0, len(rs))
 		for _, r := range rs {
@@ -73,11 +73,11 @@ func (a *app) printResources(rs []kv.Resource) error {
 }
 
 // printResource prints one resource, as a JSON object with --json.
-func (a *app) printResource(r kv.Resource) error {
+func (a *app) printResource(r lease.Resource) error {
 	if a.json {
 		return a.printJSON(toResourceJSON(r))
 	}
-	return a.printResources([]kv.Resource{r})
+	return a.printResources([]lease.Resource{r})
 }
 
 func dash(s string) string {
@@ -89,8 +89,8 @@ func dash(s string) string {
 
 // resourceOp runs op on the resource store and prints the resource it
 // returns; its error maps to the contract's exit codes.
-func (a *app) resourceOp(op func(*kv.Resources) (kv.Resource, error)) error {
-	return a.withStores(func(r *kv.Resources) error {
+func (a *app) resourceOp(op func(*lease.Resources) (lease.Resource, error)) error {
+	return a.withStores(func(r *lease.Resources) error {
 		res, err := op(r)
 		if err != nil {
 			return err
@@ -110,12 +110,12 @@ goes when it is found RUNNING after its holder's lease vanished (a crash):
 available (default) or fault (for an operator to check first).`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			policy, err := kv.ParseReclaimPolicy(reclaim)
+			policy, err := lease.ParseReclaimPolicy(reclaim)
 			if err != nil {
 				return usageError("%v", err)
 			}
-			return a.resourceOp(func(r *kv.Resources) (kv.Resource, error) {
-				return r.Add(cmd.Context(), kv.ResourceSpec{ID: args[0], Route: route, Reclaim: policy})
+			return a.resourceOp(func(r *lease.Resources) (lease.Resource, error) {
+				return r.Add(cmd.Context(), lease.ResourceSpec{ID: args[0], Route: route, Reclaim: policy})
 			})
 		},
 	}
@@ -132,7 +132,7 @@ func (a *app) resourceLsCommand() *cobra.Command {
 state, lease_owner, lease_until, route_id, last_error, updated_at and reclaim.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withStores(func(r *kv.Resources) error {
+			return a.withStores(func(r *lease.Resources) error {
 				rs, err := r.List(cmd.Context())
 				if err != nil {
 					return err
@@ -149,7 +149,7 @@ func (a *app) resourceGetCommand() *cobra.Command {
 		Short: "Show one resource (exit 4 if unknown)",
 		Args:  exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.resourceOp(func(r *kv.Resources) (kv.Resource, error) {
+			return a.resourceOp(func(r *lease.Resources) (lease.Resource, error) {
 				return r.Get(cmd.Context(), args[0])
 			})
 		},
@@ -175,7 +175,7 @@ itself to its holder.`,
 			if reason == "" {
 				return usageError("--reason is required: say why, for the audit trail (e.g. --reason \"camera replaced\")")
 			}
-			return a.resourceOp(func(r *kv.Resources) (kv.Resource, error) {
+			return a.resourceOp(func(r *lease.Resources) (lease.Resource, error) {
 				return r.SetState(cmd.Context(), args[0], to, reason)
 			})
 		},
@@ -193,7 +193,7 @@ func (a *app) resourceDisableCommand() *cobra.Command {
 on it keeps its lease until it finishes; the resource then stays DISABLED.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.resourceOp(func(r *kv.Resources) (kv.Resource, error) {
+			return a.resourceOp(func(r *lease.Resources) (lease.Resource, error) {
 				return r.Disable(cmd.Context(), args[0], reason)
 			})
 		},
@@ -209,7 +209,7 @@ func (a *app) resourceEnableCommand() *cobra.Command {
 		Short: "Return a DISABLED or FAULT resource to AVAILABLE",
 		Args:  exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.resourceOp(func(r *kv.Resources) (kv.Resource, error) {
+			return a.resourceOp(func(r *lease.Resources) (lease.Resource, error) {
 				return r.Enable(cmd.Context(), args[0], reason)
 			})
 		},
@@ -220,10 +220,10 @@ func (a *app) resourceEnableCommand() *cobra.Command {
 
 // resourceSpecs turns the config file's resources into what the keeper
 // registers at start.
-func resourceSpecs(cfg *config.File) []kv.ResourceSpec {
-	specs := make([]kv.ResourceSpec, 0, len(cfg.Resources))
+func resourceSpecs(cfg *config.File) []lease.ResourceSpec {
+	specs := make([]lease.ResourceSpec, 0, len(cfg.Resources))
 	for _, r := range cfg.Resources {
-		specs = append(specs, kv.ResourceSpec{ID: r.ID, Route: r.Route, Reclaim: kv.ReclaimPolicy(r.Reclaim)})
+		specs = append(specs, lease.ResourceSpec{ID: r.ID, Route: r.Route, Reclaim: lease.ReclaimPolicy(r.Reclaim)})
 	}
 	return specs
 }

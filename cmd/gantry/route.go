@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gantry-dev/gantry/broker/wire"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/egress"
 )
 
 func (a *app) routeCommand() *cobra.Command {
@@ -102,7 +102,7 @@ cooldown_streak.`,
 			defer nc.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), a.client.timeout)
 			defer cancel()
-			store, err := kv.NewRouteStore(ctx, js)
+			store, err := egress.NewStore(ctx, js)
 			if err != nil {
 				return err
 			}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/tasks"
 )
 
 // submitFlags are the flags of 'gantry submit'.
@@ -131,11 +131,11 @@ func (a *app) submit(ctx context.Context, typ string, f *submitFlags) error {
 	}
 	defer nc.Close()
 	// Submit writes only WAITING records, which never expire.
-	tasks, err := kv.NewTaskStore(ctx, js, kv.TaskStoreConfig{})
+	store, err := tasks.NewStore(ctx, js, tasks.StoreConfig{})
 	if err != nil {
 		return err
 	}
-	id, err := a.publishTask(ctx, nc, js, tasks, f.queue, typ, t)
+	id, err := a.publishTask(ctx, nc, js, store, f.queue, typ, t)
 	if err != nil {
 		return err
 	}
@@ -154,7 +154,7 @@ func (a *app) submit(ctx context.Context, typ string, f *submitFlags) error {
 		ctx, cancel = context.WithTimeout(ctx, f.waitTimeout)
 		defer cancel()
 	}
-	rec, err := waitTaskEnd(ctx, tasks, id)
+	rec, err := waitTaskEnd(ctx, store, id)
 	if err != nil {
 		return err
 	}
@@ -174,11 +174,11 @@ func (a *app) submit(ctx context.Context, typ string, f *submitFlags) error {
 // publishTask records t as WAITING, emits TASK_CREATED and publishes it. A
 // task whose key is already claimed is not published: the claimant's id is
 // returned.
-func (a *app) publishTask(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, tasks *kv.TaskStore, queue, typ string, t wire.Task) (string, error) {
-	var cps *kv.CheckpointStore
+func (a *app) publishTask(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, store *tasks.Store, queue, typ string, t wire.Task) (string, error) {
+	var cps *tasks.CheckpointStore
 	if t.Key != "" {
 		var err error
-		if cps, err = kv.NewCheckpointStore(ctx, js); err != nil {
+		if cps, err = tasks.NewCheckpointStore(ctx, js); err != nil {
 			return "", err
 		}
 		owner, err := cps.ClaimKey(ctx, t.Key, t.ID, 24*time.Hour)
@@ -195,8 +195,8 @@ func (a *app) publishTask(ctx context.Context, nc *nats.Conn, js jetstream.JetSt
 		TaskInfo:    wire.TaskInfo{ID: t.ID, Type: typ, Queue: queue, State: wire.TaskWaiting, Resource: t.Resource, CreatedAt: now, UpdatedAt: now},
 		MaxAttempts: t.MaxAttempts, Priority: t.Priority, Key: t.Key, NotBefore: t.NotBefore,
 	}
-	rev, err := tasks.Create(ctx, rec)
-	if errors.Is(err, kv.ErrTaskExists) {
+	rev, err := store.Create(ctx, rec)
+	if errors.Is(err, tasks.ErrExists) {
 		return "", usageError("task %s exists already: choose another --id", t.ID)
 	}
 	if err != nil {
@@ -222,7 +222,7 @@ func (a *app) publishTask(ctx context.Context, nc *nats.Conn, js jetstream.JetSt
 		err = fmt.Errorf("publish task %s: %w (nothing was submitted: try again)", t.ID, err)
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.client.timeout)
 		defer cancel()
-		if derr := tasks.Delete(uctx, t.ID); derr != nil {
+		if derr := store.Delete(uctx, t.ID); derr != nil {
 			err = errors.Join(err, fmt.Errorf("remove the record of task %s: %w", t.ID, derr))
 		}
 		if cps != nil {
@@ -233,15 +233,15 @@ func (a *app) publishTask(ctx context.Context, nc *nats.Conn, js jetstream.JetSt
 		return "", err
 	}
 	rec.Seq = ack.Sequence
-	if _, err := tasks.Update(ctx, rec, rev); err != nil && !errors.Is(err, kv.ErrTaskChanged) {
+	if _, err := store.Update(ctx, rec, rev); err != nil && !errors.Is(err, tasks.ErrChanged) {
 		return "", err
 	}
 	return t.ID, nil
 }
 
 // waitTaskEnd watches task id's record until it is in a terminal state.
-func waitTaskEnd(ctx context.Context, tasks *kv.TaskStore, id string) (wire.TaskRecord, error) {
-	w, err := tasks.KeyValue().Watch(ctx, id)
+func waitTaskEnd(ctx context.Context, store *tasks.Store, id string) (wire.TaskRecord, error) {
+	w, err := store.KeyValue().Watch(ctx, id)
 	if err != nil {
 		return wire.TaskRecord{}, fmt.Errorf("watch task %s: %w", id, err)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/tasks"
 )
 
 func (a *app) taskCommand() *cobra.Command {
@@ -32,23 +32,23 @@ less the deliveries that only delayed it). See docs/tasks.md.`,
 }
 
 // taskStore connects and opens the tasks bucket.
-func (a *app) taskStore(ctx context.Context, cfg kv.TaskStoreConfig) (*nats.Conn, jetstream.JetStream, *kv.TaskStore, error) {
+func (a *app) taskStore(ctx context.Context, cfg tasks.StoreConfig) (*nats.Conn, jetstream.JetStream, *tasks.Store, error) {
 	nc, js, err := a.client.connect("gantry-task")
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	tasks, err := kv.NewTaskStore(ctx, js, cfg)
+	store, err := tasks.NewStore(ctx, js, cfg)
 	if err != nil {
 		nc.Close()
 		return nil, nil, nil, err
 	}
-	return nc, js, tasks, nil
+	return nc, js, store, nil
 }
 
 // taskGet reads task id, mapping a missing one to exit 4.
-func taskGet(ctx context.Context, tasks *kv.TaskStore, id string) (wire.TaskRecord, uint64, error) {
-	rec, rev, err := tasks.Get(ctx, id)
-	if errors.Is(err, kv.ErrTaskNotFound) {
+func taskGet(ctx context.Context, store *tasks.Store, id string) (wire.TaskRecord, uint64, error) {
+	rec, rev, err := store.Get(ctx, id)
+	if errors.Is(err, tasks.ErrNotFound) {
 		return rec, 0, withCode(exitNotFound, fmt.Errorf("task %s not found", id))
 	}
 	return rec, rev, err
@@ -61,12 +61,12 @@ func (a *app) taskGetCommand() *cobra.Command {
 		Args:  exactArgs(1, "ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
-			nc, _, tasks, err := a.taskStore(ctx, kv.TaskStoreConfig{})
+			nc, _, store, err := a.taskStore(ctx, tasks.StoreConfig{})
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			rec, _, err := taskGet(ctx, tasks, args[0])
+			rec, _, err := taskGet(ctx, store, args[0])
 			if err != nil {
 				return err
 			}
@@ -106,12 +106,12 @@ func (a *app) taskLsCommand() *cobra.Command {
 				return usageError("--state %q: want WAITING, RUNNING, RETRY_WAIT, SUCCEEDED, NEEDS_REVIEW or CANCELLED", state)
 			}
 			ctx := cmd.Context()
-			nc, _, tasks, err := a.taskStore(ctx, kv.TaskStoreConfig{})
+			nc, _, store, err := a.taskStore(ctx, tasks.StoreConfig{})
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			list, err := tasks.List(ctx, func(r wire.TaskRecord) bool {
+			list, err := store.List(ctx, func(r wire.TaskRecord) bool {
 				return (want == "" || r.State == want) && (queue == "" || r.Queue == queue) && (typ == "" || r.Type == typ)
 			})
 			if err != nil {
@@ -157,12 +157,12 @@ another state exits 2; an unknown one exits 4.`,
 func (a *app) taskRetry(ctx context.Context, id string) error {
 	// Retry writes WAITING (and NEEDS_REVIEW back on failure): no TTL, so
 	// the record no longer expires.
-	nc, js, tasks, err := a.taskStore(ctx, kv.TaskStoreConfig{})
+	nc, js, store, err := a.taskStore(ctx, tasks.StoreConfig{})
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	rec, rev, err := taskGet(ctx, tasks, id)
+	rec, rev, err := taskGet(ctx, store, id)
 	if err != nil {
 		return err
 	}
@@ -200,8 +200,8 @@ func (a *app) taskRetry(ctx context.Context, id string) error {
 	rec.Message, rec.RetryAt, rec.Output = nil, nil, ""
 	rec.LastError = "retried by an operator; before: " + last
 	rec.UpdatedAt = time.Now().UTC()
-	rev, err = tasks.Update(ctx, rec, rev)
-	if errors.Is(err, kv.ErrTaskChanged) {
+	rev, err = store.Update(ctx, rec, rev)
+	if errors.Is(err, tasks.ErrChanged) {
 		return withCode(exitFailure, fmt.Errorf("task %s changed meanwhile: try again", id))
 	}
 	if err != nil {
@@ -215,13 +215,13 @@ func (a *app) taskRetry(ctx context.Context, id string) error {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.client.timeout)
 		defer cancel()
 		orig.UpdatedAt = time.Now().UTC()
-		if _, rerr := tasks.Update(uctx, orig, rev); rerr != nil {
+		if _, rerr := store.Update(uctx, orig, rev); rerr != nil {
 			return errors.Join(err, fmt.Errorf("put task %s back to %s: %w", id, orig.State, rerr))
 		}
 		return fmt.Errorf("%w (task %s is %s again: retry it)", err, id, orig.State)
 	}
 	rec.Seq = ack.Sequence
-	if _, err := tasks.Update(ctx, rec, rev); err != nil && !errors.Is(err, kv.ErrTaskChanged) {
+	if _, err := store.Update(ctx, rec, rev); err != nil && !errors.Is(err, tasks.ErrChanged) {
 		return err
 	}
 	em := audit.NewEmitter(js, "cli", nil)
@@ -241,7 +241,7 @@ func (a *app) taskRetry(ctx context.Context, id string) error {
 const cancelAnswerWait = time.Second
 
 func (a *app) taskCancelCommand() *cobra.Command {
-	retention := retentionValue(kv.DefaultTaskRetention)
+	retention := retentionValue(tasks.DefaultRetention)
 	cmd := &cobra.Command{
 		Use:   "cancel ID [--task-retention D]",
 		Short: "Cancel a task: a waiting one is removed, a running one is stopped",
@@ -262,13 +262,13 @@ own --task-retention. A task that has ended exits 2; an unknown one exits 4.`,
 	return cmd
 }
 
-func (a *app) taskCancel(ctx context.Context, id string, cfg kv.TaskStoreConfig) error {
-	nc, js, tasks, err := a.taskStore(ctx, cfg)
+func (a *app) taskCancel(ctx context.Context, id string, cfg tasks.StoreConfig) error {
+	nc, js, store, err := a.taskStore(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	rec, rev, err := taskGet(ctx, tasks, id)
+	rec, rev, err := taskGet(ctx, store, id)
 	if err != nil {
 		return err
 	}
@@ -283,7 +283,7 @@ func (a *app) taskCancel(ctx context.Context, id string, cfg kv.TaskStoreConfig)
 	// task a sorter already moved to gantry.ready (its message is not
 	// rec.Seq) is found cancelled by its worker only through it, however
 	// long it waits. Whoever records the end writes it with the retention.
-	if rev, err = tasks.Keeping().Update(ctx, rec, rev); errors.Is(err, kv.ErrTaskChanged) {
+	if rev, err = store.Keeping().Update(ctx, rec, rev); errors.Is(err, tasks.ErrChanged) {
 		return withCode(exitFailure, fmt.Errorf("task %s changed meanwhile: try again", id))
 	} else if err != nil {
 		return err
@@ -315,7 +315,7 @@ func (a *app) taskCancel(ctx context.Context, id string, cfg kv.TaskStoreConfig)
 		return err
 	}
 	if removed {
-		if _, err := tasks.Update(ctx, rec, rev); err != nil && !errors.Is(err, kv.ErrTaskChanged) {
+		if _, err := store.Update(ctx, rec, rev); err != nil && !errors.Is(err, tasks.ErrChanged) {
 			return err
 		}
 		if err := em.Emit(ctx, wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, Message: "task cancelled",

@@ -15,7 +15,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/config"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/tasks"
 )
 
 // taskJSON runs 'gantry task get ID --json' and decodes the record.
@@ -289,10 +289,10 @@ func TestWorkerFlags(t *testing.T) {
 	if cfg, err = f.config(brokertest.Logger(t)); err != nil || cfg.Queues[0].Prioritized || !cfg.Queues[1].Prioritized || cfg.Queues[1].PriorityWindow != 50 {
 		t.Errorf("--prioritize batch --priority-window 50 = %+v, %v; want batch prioritized, window 50", cfg.Queues, err)
 	}
-	if cfg.TaskRetention != kv.DefaultTaskRetention {
-		t.Errorf("TaskRetention = %v, want %v by default", cfg.TaskRetention, kv.DefaultTaskRetention)
+	if cfg.TaskRetention != tasks.DefaultRetention {
+		t.Errorf("TaskRetention = %v, want %v by default", cfg.TaskRetention, tasks.DefaultRetention)
 	}
-	for in, want := range map[string]time.Duration{"0": kv.KeepForever, "30d": 30 * 24 * time.Hour, "2s": 2 * time.Second} {
+	for in, want := range map[string]time.Duration{"0": tasks.KeepForever, "30d": 30 * 24 * time.Hour, "2s": 2 * time.Second} {
 		f := defaultWorkerFlags()
 		if err := f.retention.Set(in); err != nil {
 			t.Fatal(err)

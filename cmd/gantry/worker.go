@@ -14,8 +14,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/egress"
 	"github.com/gantry-dev/gantry/internal/config"
-	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/tasks"
 	"github.com/gantry-dev/gantry/workers"
 )
 
@@ -57,21 +58,21 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.timeout, "task-timeout", 10*time.Minute, "default timeout of one attempt (a task's timeout wins)")
 	fl.IntVar(&f.maxPayload, "max-payload", 1<<20, "largest task message in bytes; a larger one is rejected")
 	fl.DurationVar(&f.killGrace, "kill-grace", 2*time.Second, "time between SIGTERM and SIGKILL of an exec task's process tree on timeout or cancel")
-	f.retention = retentionValue(kv.DefaultTaskRetention)
+	f.retention = retentionValue(tasks.DefaultRetention)
 	fl.Var(&f.retention, "task-retention", "how long the record of a task that ended SUCCEEDED or CANCELLED is kept, in whole seconds (e.g. 30d, 36h); 0 keeps every record")
 }
 
 // taskRetention turns a --task-retention into the task store's setting:
 // 0 keeps every record.
-func taskRetention(r retentionValue) (kv.TaskStoreConfig, error) {
+func taskRetention(r retentionValue) (tasks.StoreConfig, error) {
 	d := time.Duration(r)
 	if d == 0 {
-		d = kv.KeepForever
+		d = tasks.KeepForever
 	}
-	if err := kv.CheckRetention(d); err != nil {
-		return kv.TaskStoreConfig{}, usageError("--task-retention %v: want whole seconds, at least 1s, or 0 to keep every record", time.Duration(r))
+	if err := tasks.CheckRetention(d); err != nil {
+		return tasks.StoreConfig{}, usageError("--task-retention %v: want whole seconds, at least 1s, or 0 to keep every record", time.Duration(r))
 	}
-	return kv.TaskStoreConfig{Retention: d}, nil
+	return tasks.StoreConfig{Retention: d}, nil
 }
 
 // config turns the flags into the workers' Config.
@@ -190,7 +191,7 @@ func (f *workerFlags) fromConfig(cfg *config.File, changed func(name string) boo
 // workerActor runs the workers with the egress route picker they use.
 type workerActor struct {
 	w      *workers.Workers
-	picker *kv.RoutePicker
+	picker *egress.Picker
 }
 
 func (a *workerActor) Run(ctx context.Context) error {
@@ -208,7 +209,7 @@ func (p *process) addWorkers(ctx context.Context, f *workerFlags, log *slog.Logg
 	if err != nil {
 		return err
 	}
-	picker, err := kv.NewRoutePicker(ctx, kv.RoutePickerConfig{Logger: log.With("component", "routes")}, nc, js)
+	picker, err := egress.NewPicker(ctx, egress.PickerConfig{Logger: log.With("component", "routes")}, nc, js)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,84 @@
+package egress
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+// ErrNotFound is returned for a route id that gantry_routes does not
+// hold. It matches kv.ErrNotFound.
+var ErrNotFound = fmt.Errorf("route %w", kv.ErrNotFound)
+
+// Store is the typed view of the gantry_routes bucket: one wire.Route
+// per key, keyed by route id. healthd writes it; workers and the CLI read
+// it.
+type Store struct {
+	kv jetstream.KeyValue
+}
+
+// NewStore binds the gantry_routes bucket, which the broker
+// provisions.
+func NewStore(ctx context.Context, js jetstream.JetStream) (*Store, error) {
+	b, err := js.KeyValue(ctx, wire.BucketRoutes)
+	if err != nil {
+		return nil, fmt.Errorf("bind bucket %s: %w", wire.BucketRoutes, err)
+	}
+	return &Store{kv: b}, nil
+}
+
+// Get returns route id and the revision it was read at.
+func (s *Store) Get(ctx context.Context, id string) (wire.Route, uint64, error) {
+	e, err := s.kv.Get(ctx, id)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrInvalidKey) {
+		return wire.Route{}, 0, fmt.Errorf("route %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return wire.Route{}, 0, fmt.Errorf("get route %q: %w", id, err)
+	}
+	var r wire.Route
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return wire.Route{}, 0, fmt.Errorf("decode route %q: %w", id, err)
+	}
+	return r, e.Revision(), nil
+}
+
+// Put writes r under its id and returns the new revision.
+func (s *Store) Put(ctx context.Context, r wire.Route) (uint64, error) {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return 0, fmt.Errorf("encode route %q: %w", r.ID, err)
+	}
+	rev, err := s.kv.Put(ctx, r.ID, data)
+	if err != nil {
+		return 0, fmt.Errorf("put route %q: %w", r.ID, err)
+	}
+	return rev, nil
+}
+
+// List returns every route, sorted by id. It reads the bucket in one pass
+// (a watch up to its current end) rather than one request per key.
+func (s *Store) List(ctx context.Context) ([]wire.Route, error) {
+	entries, err := kv.Entries(ctx, s.kv, "")
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	out := make([]wire.Route, 0, len(entries))
+	for _, e := range entries {
+		var r wire.Route
+		if err := json.Unmarshal(e.Value(), &r); err != nil {
+			return nil, fmt.Errorf("decode route %q: %w", e.Key(), err)
+		}
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b wire.Route) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}

@@ -1,0 +1,306 @@
+package jobs
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/kv"
+)
+
+// Keys of wire.BucketScheduler.
+const (
+	schedLeaderKey   = "leader"
+	schedTermKey     = "term"
+	schedStatePrefix = "state."
+	schedRunPrefix   = "run."
+	schedCoolPrefix  = "cooldown."
+)
+
+// ErrLeaderHeld is returned by SchedulerStore.Campaign while another
+// scheduler's leader key is live.
+var ErrLeaderHeld = errors.New("scheduler leadership held")
+
+// ErrNoLeader is returned by SchedulerStore.Leader when no scheduler leads.
+var ErrNoLeader = errors.New("no scheduler leads")
+
+// ErrRunNotFound is returned for a run absent from the history. It matches
+// kv.ErrNotFound.
+var ErrRunNotFound = fmt.Errorf("job run %w", kv.ErrNotFound)
+
+// SchedulerStore is the typed store of scheduler state in
+// wire.BucketScheduler: the leader lease ("leader", per-key TTL, renewed by
+// compare-and-swap), the fencing term counter ("term"), each job's
+// wire.JobState ("state.<job>"), the run history ("run.<job>.<planned unix
+// ns>", with a per-key TTL) and resource cooldowns ("cooldown.<resource>").
+type SchedulerStore struct {
+	js jetstream.JetStream
+	kv jetstream.KeyValue
+}
+
+// NewSchedulerStore opens the scheduler bucket, which the broker provisions.
+func NewSchedulerStore(ctx context.Context, js jetstream.JetStream) (*SchedulerStore, error) {
+	b, err := js.KeyValue(ctx, wire.BucketScheduler)
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketScheduler, err)
+	}
+	return &SchedulerStore{js: js, kv: b}, nil
+}
+
+// KeyValue returns the underlying bucket, for watching.
+func (s *SchedulerStore) KeyValue() jetstream.KeyValue { return s.kv }
+
+// LeaderKey is the key of the leader lease, for watchers.
+func (s *SchedulerStore) LeaderKey() string { return schedLeaderKey }
+
+// Campaign tries to become the leader: it takes the next fencing term and
+// creates the leader key with ttl. It fails with ErrLeaderHeld (wrapped,
+// with the holder) while another leader's key is live. Terms only grow; a
+// failed campaign may leave a gap.
+func (s *SchedulerStore) Campaign(ctx context.Context, id, host string, now time.Time, ttl time.Duration) (wire.SchedulerLeader, uint64, error) {
+	if cur, _, err := s.Leader(ctx); err == nil {
+		return wire.SchedulerLeader{}, 0, fmt.Errorf("%w by %s (term %d)", ErrLeaderHeld, cur.ID, cur.Term)
+	}
+	term, err := s.nextTerm(ctx)
+	if err != nil {
+		return wire.SchedulerLeader{}, 0, err
+	}
+	l := wire.SchedulerLeader{ID: id, Host: host, Term: term, Since: now}
+	data, err := json.Marshal(l)
+	if err != nil {
+		return wire.SchedulerLeader{}, 0, fmt.Errorf("encode leader: %w", err)
+	}
+	rev, err := s.kv.Create(ctx, schedLeaderKey, data, jetstream.KeyTTL(ttl))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return wire.SchedulerLeader{}, 0, fmt.Errorf("%w: %w", ErrLeaderHeld, err)
+	}
+	if err != nil {
+		return wire.SchedulerLeader{}, 0, fmt.Errorf("create leader key: %w", err)
+	}
+	return l, rev, nil
+}
+
+// nextTerm increments the term counter by compare-and-swap.
+func (s *SchedulerStore) nextTerm(ctx context.Context) (uint64, error) {
+	for {
+		var cur, rev uint64
+		e, err := s.kv.Get(ctx, schedTermKey)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return 0, fmt.Errorf("get term: %w", err)
+		default:
+			rev = e.Revision()
+			if cur, err = strconv.ParseUint(string(e.Value()), 10, 64); err != nil {
+				return 0, fmt.Errorf("term %q: %w", e.Value(), err)
+			}
+		}
+		next := []byte(strconv.FormatUint(cur+1, 10))
+		if rev == 0 {
+			_, err = s.kv.Create(ctx, schedTermKey, next)
+		} else {
+			_, err = s.kv.Update(ctx, schedTermKey, next, rev)
+		}
+		if kv.Conflict(err) || errors.Is(err, jetstream.ErrKeyExists) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("advance term: %w", err)
+		}
+		return cur + 1, nil
+	}
+}
+
+// Renew extends the leader key held at rev by ttl, by compare-and-swap, and
+// returns its new revision. It fails if anyone else wrote the key since, or
+// it expired. (KV Update would drop the TTL, hence the publish.)
+func (s *SchedulerStore) Renew(ctx context.Context, l wire.SchedulerLeader, rev uint64, ttl time.Duration) (uint64, error) {
+	data, err := json.Marshal(l)
+	if err != nil {
+		return 0, fmt.Errorf("encode leader: %w", err)
+	}
+	ack, err := s.js.Publish(ctx, kv.Subject(wire.BucketScheduler, schedLeaderKey), data,
+		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
+	if err != nil {
+		return 0, fmt.Errorf("renew leader key: %w", err)
+	}
+	return ack.Sequence, nil
+}
+
+// Resign deletes the leader key if it is still at rev, so another scheduler
+// can lead at once.
+func (s *SchedulerStore) Resign(ctx context.Context, rev uint64) error {
+	if err := s.kv.Purge(ctx, schedLeaderKey, jetstream.LastRevision(rev)); err != nil {
+		return fmt.Errorf("resign leadership: %w", err)
+	}
+	return nil
+}
+
+// Leader returns the current leader and its key's revision, or ErrNoLeader.
+func (s *SchedulerStore) Leader(ctx context.Context) (wire.SchedulerLeader, uint64, error) {
+	e, err := s.kv.Get(ctx, schedLeaderKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return wire.SchedulerLeader{}, 0, ErrNoLeader
+	}
+	if err != nil {
+		return wire.SchedulerLeader{}, 0, fmt.Errorf("get leader: %w", err)
+	}
+	var l wire.SchedulerLeader
+	if err := json.Unmarshal(e.Value(), &l); err != nil {
+		return wire.SchedulerLeader{}, 0, fmt.Errorf("decode leader: %w", err)
+	}
+	return l, e.Revision(), nil
+}
+
+// States returns every job's persisted state, by job name.
+func (s *SchedulerStore) States(ctx context.Context) (map[string]wire.JobState, error) {
+	out := map[string]wire.JobState{}
+	err := s.each(ctx, schedStatePrefix+">", func(_ string, v []byte) error {
+		var st wire.JobState
+		if err := json.Unmarshal(v, &st); err != nil {
+			return fmt.Errorf("decode job state: %w", err)
+		}
+		out[st.Job] = st
+		return nil
+	})
+	return out, err
+}
+
+// State returns one job's persisted state; a job never fired has a zero
+// state.
+func (s *SchedulerStore) State(ctx context.Context, job string) (wire.JobState, error) {
+	e, err := s.kv.Get(ctx, schedStatePrefix+job)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return wire.JobState{Job: job}, nil
+	}
+	if err != nil {
+		return wire.JobState{}, fmt.Errorf("get job state %s: %w", job, err)
+	}
+	var st wire.JobState
+	if err := json.Unmarshal(e.Value(), &st); err != nil {
+		return wire.JobState{}, fmt.Errorf("decode job state %s: %w", job, err)
+	}
+	return st, nil
+}
+
+// PutStateAsync stores a job's state without waiting for the broker's
+// acknowledgement; check the future.
+func (s *SchedulerStore) PutStateAsync(st wire.JobState) (jetstream.PubAckFuture, error) {
+	return s.putAsync(schedStatePrefix+st.Job, st, 0)
+}
+
+// DeleteState forgets a deleted job's state.
+func (s *SchedulerStore) DeleteState(ctx context.Context, job string) error {
+	if err := s.kv.Purge(ctx, schedStatePrefix+job); err != nil {
+		return fmt.Errorf("delete job state %s: %w", job, err)
+	}
+	return nil
+}
+
+// PutRunAsync stores a run in the history, kept for ttl (whole seconds, at
+// least 1 s; 0 keeps it until the bucket's limits), without waiting for the
+// broker's acknowledgement.
+func (s *SchedulerStore) PutRunAsync(r wire.JobRun, ttl time.Duration) (jetstream.PubAckFuture, error) {
+	return s.putAsync(runKey(r.Job, r.Planned), r, ttl)
+}
+
+// Run returns the run of job planned at planned.
+func (s *SchedulerStore) Run(ctx context.Context, job string, planned time.Time) (wire.JobRun, error) {
+	e, err := s.kv.Get(ctx, runKey(job, planned))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return wire.JobRun{}, fmt.Errorf("job %s at %s: %w", job, planned.Format(time.RFC3339Nano), ErrRunNotFound)
+	}
+	if err != nil {
+		return wire.JobRun{}, fmt.Errorf("get run: %w", err)
+	}
+	var r wire.JobRun
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return wire.JobRun{}, fmt.Errorf("decode run: %w", err)
+	}
+	return r, nil
+}
+
+// Runs returns the latest limit runs of job, oldest first; limit <= 0
+// returns them all.
+func (s *SchedulerStore) Runs(ctx context.Context, job string, limit int) ([]wire.JobRun, error) {
+	var runs []wire.JobRun
+	err := s.each(ctx, schedRunPrefix+job+".*", func(_ string, v []byte) error {
+		var r wire.JobRun
+		if err := json.Unmarshal(v, &r); err != nil {
+			return fmt.Errorf("decode run: %w", err)
+		}
+		runs = append(runs, r)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(runs, func(i, j int) bool { return runs[i].Planned.Before(runs[j].Planned) })
+	if limit > 0 && len(runs) > limit {
+		runs = runs[len(runs)-limit:]
+	}
+	return runs, nil
+}
+
+// Cooldowns returns the end of every resource's cooldown, by resource.
+func (s *SchedulerStore) Cooldowns(ctx context.Context) (map[string]time.Time, error) {
+	out := map[string]time.Time{}
+	err := s.each(ctx, schedCoolPrefix+">", func(_ string, v []byte) error {
+		var c cooldown
+		if err := json.Unmarshal(v, &c); err != nil {
+			return fmt.Errorf("decode cooldown: %w", err)
+		}
+		out[c.Resource] = c.Until
+		return nil
+	})
+	return out, err
+}
+
+// PutCooldownAsync records that jobs on resource wait until until.
+func (s *SchedulerStore) PutCooldownAsync(resource string, until time.Time) (jetstream.PubAckFuture, error) {
+	key := schedCoolPrefix + base64.RawURLEncoding.EncodeToString([]byte(resource))
+	return s.putAsync(key, cooldown{Resource: resource, Until: until}, 0)
+}
+
+type cooldown struct {
+	Resource string    `json:"resource"`
+	Until    time.Time `json:"until"`
+}
+
+func runKey(job string, planned time.Time) string {
+	return schedRunPrefix + job + "." + strconv.FormatInt(planned.UnixNano(), 10)
+}
+
+func (s *SchedulerStore) putAsync(key string, v any, ttl time.Duration) (jetstream.PubAckFuture, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", key, err)
+	}
+	f, err := s.js.PublishMsgAsync(kv.Msg(wire.BucketScheduler, key, data, ttl))
+	if err != nil {
+		return nil, fmt.Errorf("put %s: %w", key, err)
+	}
+	return f, nil
+}
+
+// each calls fn with the live value of every key matching filter.
+func (s *SchedulerStore) each(ctx context.Context, filter string, fn func(key string, v []byte) error) error {
+	entries, err := kv.Entries(ctx, s.kv, filter)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := fn(e.Key(), e.Value()); err != nil {
+			return err
+		}
+	}
+	return nil
+}

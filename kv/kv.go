@@ -1,0 +1,106 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The shared error vocabulary. Each domain wraps these into sentinels of
+// its own (tasks.ErrNotFound is "task not found" and matches ErrNotFound).
+var (
+	// ErrNotFound: no such key.
+	ErrNotFound = errors.New("not found")
+	// ErrExists: a create found the key taken.
+	ErrExists = errors.New("already exists")
+	// ErrChanged: a compare-and-swap found the key at another revision.
+	ErrChanged = errors.New("changed meanwhile")
+	// ErrInvalid: bad input, refused before anything was written.
+	ErrInvalid = errors.New("invalid input")
+)
+
+// Conflict reports whether err is the broker refusing a write because the
+// key's last revision is not the expected one. A single server answers
+// 10071 (which nats.go maps to both ErrKeyRevisionMismatch and
+// ErrKeyExists); a replicated stream can answer 10164.
+func Conflict(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// ErrWatcherClosed is returned by Entries when the watcher closed before it
+// reached the end of the bucket: a partial list is never returned.
+var ErrWatcherClosed = errors.New("watcher closed before the end of the bucket")
+
+// Entries returns the live entries of b (of the keys matching filter, or
+// every key when filter is empty), read in one pass of a watcher up to the
+// bucket's current end. Deletes and purges are skipped.
+func Entries(ctx context.Context, b jetstream.KeyValue, filter string) ([]jetstream.KeyValueEntry, error) {
+	var (
+		w   jetstream.KeyWatcher
+		err error
+	)
+	if filter == "" {
+		w, err = b.WatchAll(ctx, jetstream.IgnoreDeletes())
+	} else {
+		w, err = b.Watch(ctx, filter, jetstream.IgnoreDeletes())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("watch %s: %w", b.Bucket(), err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []jetstream.KeyValueEntry
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, fmt.Errorf("read %s: %w", b.Bucket(), ErrWatcherClosed)
+			}
+			if e == nil {
+				return out, nil
+			}
+			out = append(out, e)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("read %s: %w", b.Bucket(), ctx.Err())
+		}
+	}
+}
+
+// Subject is the subject a write of key in bucket is published on.
+func Subject(bucket, key string) string { return "$KV." + bucket + "." + key }
+
+// Msg returns a put of data under key in bucket as a message to publish,
+// with a per-message TTL of ttl rounded up to whole seconds (the broker's
+// unit) when ttl > 0. Publish it with jetstream.WithExpectLastSequencePerSubject
+// for a compare-and-swap: unlike KV's Update, it keeps the TTL.
+func Msg(bucket, key string, data []byte, ttl time.Duration) *nats.Msg {
+	m := &nats.Msg{Subject: Subject(bucket, key), Data: data}
+	if ttl > 0 {
+		m.Header = nats.Header{jetstream.MsgTTLHeader: []string{strconv.FormatInt(int64(TTLSeconds(ttl)/time.Second), 10)}}
+	}
+	return m
+}
+
+// TTLSeconds returns ttl as the broker applies it: whole seconds, rounded
+// up, at least 1 s. It returns 0 for ttl <= 0.
+func TTLSeconds(ttl time.Duration) time.Duration {
+	if ttl <= 0 {
+		return 0
+	}
+	return max(time.Second, (ttl+time.Second-1)/time.Second*time.Second)
+}

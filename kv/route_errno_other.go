@@ -1,9 +1,0 @@
-//go:build !windows
-
-package kv
-
-import "syscall"
-
-// refusedErrnos are the errors that mean the peer refused or reset the
-// connection.
-var refusedErrnos = []error{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED}
