@@ -16,7 +16,7 @@ import (
 
 // ErrNotFound is returned for a route id that gantry_routes does not
 // hold. It matches kv.ErrNotFound.
-var ErrNotFound = fmt.Errorf("route %w", kv.ErrNotFound)
+var ErrNotFound = kv.Sentinel("route not found", kv.ErrNotFound)
 
 // Store is the typed view of the gantry_routes bucket: one wire.Route
 // per key, keyed by route id. healthd writes it; workers and the CLI read

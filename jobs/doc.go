@@ -1,5 +1,9 @@
-// Package jobs holds scheduled jobs and the scheduler's state on JetStream
-// KV:
+// Package jobs is the one definition of a scheduled job (wire.Job): one
+// validator (Validate, Normalize, Compile: the config file, 'gantry job
+// add', the scheduler and any Go client use it), the compiled Spec a
+// scheduler plans with (cron through a maintained parser, every, at,
+// windows, jitter), Apply (create or update, keeping an operator's pause),
+// and the stores on JetStream KV:
 //
 //   - Store (gantry_jobs): one wire.Job per job name, written by the config
 //     file, 'gantry job add' or any NATS client and watched by every

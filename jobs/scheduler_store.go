@@ -34,7 +34,7 @@ var ErrNoLeader = errors.New("no scheduler leads")
 
 // ErrRunNotFound is returned for a run absent from the history. It matches
 // kv.ErrNotFound.
-var ErrRunNotFound = fmt.Errorf("job run %w", kv.ErrNotFound)
+var ErrRunNotFound = kv.Sentinel("job run not found", kv.ErrNotFound)
 
 // SchedulerStore is the typed store of scheduler state in
 // wire.BucketScheduler: the leader lease ("leader", per-key TTL, renewed by

@@ -17,9 +17,12 @@ import (
 // its kv counterpart.
 var (
 	// ErrNotFound is returned for a job name absent from gantry_jobs.
-	ErrNotFound = fmt.Errorf("job %w", kv.ErrNotFound)
+	ErrNotFound = kv.Sentinel("job not found", kv.ErrNotFound)
 	// ErrExists is returned by Store.Create when the name is taken.
-	ErrExists = fmt.Errorf("job %w", kv.ErrExists)
+	ErrExists = kv.Sentinel("job already exists", kv.ErrExists)
+	// ErrChanged is returned by Store.Update when the job changed since it
+	// was read.
+	ErrChanged = kv.Sentinel("job changed meanwhile", kv.ErrChanged)
 )
 
 // Store is the typed store of scheduled jobs in wire.BucketJobs: one
@@ -52,18 +55,27 @@ func (s *Store) Get(ctx context.Context, name string) (wire.Job, uint64, error) 
 	if err != nil {
 		return wire.Job{}, 0, fmt.Errorf("get job %s: %w", name, err)
 	}
-	j, err := Decode(e.Value())
+	j, err := Decode(name, e.Value())
 	if err != nil {
 		return wire.Job{}, 0, fmt.Errorf("job %s: %w", name, err)
 	}
 	return j, e.Revision(), nil
 }
 
-// Decode decodes a job as stored in the bucket.
-func Decode(data []byte) (wire.Job, error) {
+// Decode decodes the job stored under key. A job written without a name
+// (as `nats kv put gantry_jobs tick '{"type":"noop","every":"1m"}'` does)
+// is named by its key; a name that differs from the key is an error
+// matching ErrInvalid.
+func Decode(key string, data []byte) (wire.Job, error) {
 	var j wire.Job
 	if err := json.Unmarshal(data, &j); err != nil {
-		return wire.Job{}, fmt.Errorf("decode job: %w", err)
+		return wire.Job{}, fmt.Errorf("%w %q: decode: %v", ErrInvalid, key, err)
+	}
+	if j.Name == "" {
+		j.Name = key
+	}
+	if j.Name != key {
+		return wire.Job{}, fmt.Errorf("%w: key %q holds a job named %q", ErrInvalid, key, j.Name)
 	}
 	return j, nil
 }
@@ -85,7 +97,7 @@ func (s *Store) Create(ctx context.Context, j wire.Job) (uint64, error) {
 }
 
 // Update stores j if the job's revision is still rev; it fails with
-// kv.ErrChanged otherwise.
+// ErrChanged otherwise.
 func (s *Store) Update(ctx context.Context, j wire.Job, rev uint64) (uint64, error) {
 	data, err := json.Marshal(j)
 	if err != nil {
@@ -93,7 +105,7 @@ func (s *Store) Update(ctx context.Context, j wire.Job, rev uint64) (uint64, err
 	}
 	rev, err = s.kv.Update(ctx, j.Name, data, rev)
 	if kv.Conflict(err) {
-		return 0, fmt.Errorf("job %q: %w", j.Name, kv.ErrChanged)
+		return 0, fmt.Errorf("job %q: %w", j.Name, ErrChanged)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("update job %s: %w", j.Name, err)
@@ -113,7 +125,7 @@ func (s *Store) Modify(ctx context.Context, name string, fn func(*wire.Job) erro
 			return wire.Job{}, err
 		}
 		_, err = s.Update(ctx, j, rev)
-		if errors.Is(err, kv.ErrChanged) {
+		if errors.Is(err, ErrChanged) {
 			continue
 		}
 		if err != nil {
@@ -142,7 +154,7 @@ func (s *Store) List(ctx context.Context) (jobs []wire.Job, bad map[string]error
 		return nil, nil, fmt.Errorf("list jobs: %w", err)
 	}
 	for _, e := range entries {
-		j, err := Decode(e.Value())
+		j, err := Decode(e.Key(), e.Value())
 		if err != nil {
 			if bad == nil {
 				bad = map[string]error{}

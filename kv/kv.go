@@ -24,6 +24,19 @@ var (
 	ErrInvalid = errors.New("invalid input")
 )
 
+// Sentinel returns a sentinel error whose message is msg and that matches
+// kind (one of the vocabulary above) with errors.Is: how a domain names
+// its own errors, e.g. Sentinel("task not found", ErrNotFound).
+func Sentinel(msg string, kind error) error { return &sentinel{msg: msg, kind: kind} }
+
+type sentinel struct {
+	msg  string
+	kind error
+}
+
+func (s *sentinel) Error() string        { return s.msg }
+func (s *sentinel) Is(target error) bool { return target == s.kind }
+
 // Conflict reports whether err is the broker refusing a write because the
 // key's last revision is not the expected one. A single server answers
 // 10071 (which nats.go maps to both ErrKeyRevisionMismatch and

@@ -16,7 +16,7 @@ var (
 	ErrConflict = errors.New("lease held by another owner")
 	// ErrNotFound means no such lease or resource. It matches
 	// kv.ErrNotFound.
-	ErrNotFound = fmt.Errorf("lease or resource %w", kv.ErrNotFound)
+	ErrNotFound = kv.Sentinel("not found", kv.ErrNotFound)
 	// ErrLost means the caller no longer holds the lease it names: it
 	// lapsed, was released, or is now held by someone else. Nothing was
 	// changed.

@@ -18,6 +18,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/jobs"
 )
 
 // Benchmark scenario: benchJobs jobs every benchEvery, each with a jitter of
@@ -116,11 +117,11 @@ func runSchedulerScenario(b *testing.B) (lagStats, float64) {
 	env := brokertest.Start(b)
 	ctx := context.Background()
 	now := time.Now()
-	specs := map[string]*spec{}
+	specs := map[string]*jobs.Spec{}
 	for i := range benchJobs {
 		j := benchJob(i)
 		j.CreatedAt, j.UpdatedAt = now, now
-		sp, err := compile(j)
+		sp, err := jobs.Compile(j)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -138,7 +139,7 @@ func runSchedulerScenario(b *testing.B) (lagStats, float64) {
 		if sp == nil {
 			return time.Time{}
 		}
-		return planned.Add(sp.jitterFor(planned))
+		return planned.Add(sp.Jitter(planned))
 	}}
 	// Measure fires due after a warm-up of one period.
 	c.from = time.Now().Add(benchEvery)
@@ -178,12 +179,12 @@ func runRawBaseline(b *testing.B) lagStats {
 	now := time.Now()
 	h := &rawHeap{}
 	for i := range benchJobs {
-		sp, err := compile(benchJob(i))
+		sp, err := jobs.Compile(benchJob(i))
 		if err != nil {
 			b.Fatal(err)
 		}
-		p := sp.sched.Next(now)
-		heap.Push(h, rawFire{sp: sp, planned: p, due: p.Add(sp.jitterFor(p))})
+		p := sp.Next(now)
+		heap.Push(h, rawFire{sp: sp, planned: p, due: p.Add(sp.Jitter(p))})
 	}
 	dues := map[string]time.Time{}
 	var mu sync.Mutex
@@ -207,18 +208,18 @@ func runRawBaseline(b *testing.B) lagStats {
 		<-timer.C
 		for h.Len() > 0 && !(*h)[0].due.After(time.Now()) {
 			f := heap.Pop(h).(rawFire)
-			id := wire.JobTaskID(f.sp.job.Name, f.planned)
+			id := wire.JobTaskID(f.sp.Job.Name, f.planned)
 			mu.Lock()
 			dues[id] = f.due
 			mu.Unlock()
-			msg := nats.NewMsg(wire.TaskSubject(f.sp.job.Queue, f.sp.job.Type))
+			msg := nats.NewMsg(wire.TaskSubject(f.sp.Job.Queue, f.sp.Job.Type))
 			msg.Data, _ = json.Marshal(wire.Task{ID: id})
 			msg.Header.Set(jetstream.MsgIDHeader, id)
 			if _, err := env.JS.PublishMsgAsync(msg); err != nil {
 				b.Fatal(err)
 			}
-			p := f.sp.sched.Next(f.planned)
-			heap.Push(h, rawFire{sp: f.sp, planned: p, due: p.Add(f.sp.jitterFor(p))})
+			p := f.sp.Next(f.planned)
+			heap.Push(h, rawFire{sp: f.sp, planned: p, due: p.Add(f.sp.Jitter(p))})
 		}
 		waitAsync(b, env.JS)
 	}
@@ -227,7 +228,7 @@ func runRawBaseline(b *testing.B) lagStats {
 }
 
 type rawFire struct {
-	sp      *spec
+	sp      *jobs.Spec
 	planned time.Time
 	due     time.Time
 }

@@ -15,7 +15,7 @@
 // "<job>-<planned unix seconds>", so a fire repeated by a new leader after
 // a failover is dropped by the broker's dedupe window.
 //
-// Triggers: cron (robfig/cron/v3, seconds optional, time zone), every
+// Triggers (package jobs compiles them): cron (seconds optional, time zone), every
 // (aligned to the Unix epoch) and at (one-shot). Policies: time windows,
 // deterministic jitter, priority, max fires per hour, overlap
 // allow/forbid/replace (learned from the task's audit events and

@@ -310,12 +310,12 @@ func (r *runner) hold(now time.Time) {
 
 // decide returns why a job must not fire now, or "" if it may.
 func (r *runner) decide(en *entry, now time.Time, counts *taskCounts) (wire.SkipReason, string) {
-	j := en.spec.job
+	j := en.spec.Job
 	if j.Paused {
 		return wire.SkipPaused, "job is paused"
 	}
-	if !en.spec.inWindow(now) {
-		return wire.SkipWindow, fmt.Sprintf("%s is outside the windows %v", now.In(en.spec.loc).Format("15:04"), j.Windows)
+	if !en.spec.InWindow(now) {
+		return wire.SkipWindow, fmt.Sprintf("%s is outside the windows %v", now.In(en.spec.Location()).Format("15:04"), j.Windows)
 	}
 	if until := r.cooldowns[j.Resource]; j.Resource != "" && now.Before(until) {
 		return wire.SkipCooldown, fmt.Sprintf("resource %s cools down until %s", j.Resource, until.Format(time.RFC3339))
@@ -342,7 +342,7 @@ func (r *runner) decide(en *entry, now time.Time, counts *taskCounts) (wire.Skip
 }
 
 func (r *runner) skip(en *entry, pf plannedFire, reason wire.SkipReason, detail string) {
-	j := en.spec.job
+	j := en.spec.Job
 	r.s.log.Debug("job skipped", "job", j.Name, "reason", reason, "planned", pf.at)
 	r.emitAsync(wire.Event{Type: wire.EventJobSkipped, JobID: j.Name, TaskID: wire.JobTaskID(j.Name, pf.at),
 		Message: "job skipped: " + detail,
@@ -362,7 +362,7 @@ type pub struct {
 // fire publishes the task of one planned fire without waiting; complete
 // waits. Overlap replace cancels the unfinished runs first.
 func (r *runner) fire(en *entry, pf plannedFire, now time.Time, counts *taskCounts) *pub {
-	j := en.spec.job
+	j := en.spec.Job
 	if j.Overlap == wire.OverlapReplace {
 		r.cancelActive(en)
 	}
@@ -407,7 +407,7 @@ func (r *runner) cancelActive(en *entry) {
 			r.s.log.Warn("cancel replaced run", "task_id", a.TaskID, "err", err)
 			continue
 		}
-		r.s.log.Info("replacing run", "job", en.spec.job.Name, "task_id", a.TaskID)
+		r.s.log.Info("replacing run", "job", en.spec.Job.Name, "task_id", a.TaskID)
 	}
 }
 
@@ -447,7 +447,7 @@ func (r *runner) record(ctx context.Context, pubs []*pub) {
 			ack, err = r.s.js.PublishMsg(cctx, p.msg)
 			cancel()
 		}
-		j := p.en.spec.job
+		j := p.en.spec.Job
 		id := p.run.TaskID
 		if err != nil {
 			r.s.log.Error("fire", "job", j.Name, "task_id", id, "err", err)
@@ -490,7 +490,7 @@ func (r *runner) trigger(ctx context.Context, name string) wire.TriggerReply {
 	if err := r.fenced(ctx); err != nil {
 		return wire.TriggerReply{Error: "fencing check failed: " + err.Error()}
 	}
-	if len(en.state.Active) > 0 && en.spec.job.Overlap == wire.OverlapForbid {
+	if len(en.state.Active) > 0 && en.spec.Job.Overlap == wire.OverlapForbid {
 		return wire.TriggerReply{Error: fmt.Sprintf("job %s forbids overlap and run %s has not finished",
 			name, en.state.Active[len(en.state.Active)-1].TaskID), Code: "conflict"}
 	}

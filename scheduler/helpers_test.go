@@ -112,7 +112,7 @@ func (b *bundle) startConn(cfg Config, lead bool) (*Scheduler, func(), *nats.Con
 // addJob stores a job, created at the fake clock's time.
 func (b *bundle) addJob(j wire.Job) wire.Job {
 	b.t.Helper()
-	j, err := Normalize(j)
+	j, err := jobs.Normalize(j)
 	if err != nil {
 		b.t.Fatal(err)
 	}

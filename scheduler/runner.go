@@ -43,7 +43,7 @@ const maxMisfireScan = 100_000
 
 // entry is one job as the scheduler knows it.
 type entry struct {
-	spec  *spec
+	spec  *jobs.Spec
 	rev   uint64
 	state wire.JobState
 	// queue holds planned times to fire at once (misfires), oldest first.
@@ -147,8 +147,10 @@ func (s *Scheduler) newRunner(ctx context.Context) (*runner, error) {
 
 // start applies the config's jobs and loads every job.
 func (r *runner) start(ctx context.Context) error {
-	if err := ApplyJobs(ctx, r.jobs, r.s.cfg.Jobs, r.s.clock.Now()); err != nil {
-		return fmt.Errorf("scheduler: apply config jobs: %w", err)
+	for _, j := range r.s.cfg.Jobs {
+		if _, err := jobs.Apply(ctx, r.jobs, j, r.s.clock.Now()); err != nil {
+			return fmt.Errorf("scheduler: apply config job %s: %w", j.Name, err)
+		}
 	}
 	w, err := r.jobs.KeyValue().WatchAll(ctx)
 	if err != nil {
@@ -262,13 +264,11 @@ func (r *runner) applyJob(e jetstream.KeyValueEntry) {
 	if old != nil && old.rev == e.Revision() {
 		return
 	}
-	j, err := jobs.Decode(e.Value())
-	var sp *spec
+	j, err := jobs.Decode(name, e.Value())
+	var sp *jobs.Spec
 	if err == nil {
-		if j.Name != name {
-			err = fmt.Errorf("%w: key %q holds job named %q", ErrInvalidJob, name, j.Name)
-		} else if j, err = Normalize(j); err == nil {
-			sp, err = compile(j)
+		if j, err = jobs.Normalize(j); err == nil {
+			sp, err = jobs.Compile(j)
 		}
 	}
 	if err != nil {
@@ -304,7 +304,7 @@ func (r *runner) removeEntry(en *entry) {
 // planned times older than the misfire threshold into misfires handled by
 // the job's policy, and (re)places it in the heap.
 func (r *runner) plan(en *entry, now time.Time) {
-	j := en.spec.job
+	j := en.spec.Job
 	en.queue = nil
 	base := en.state.LastPlanned
 	for _, t := range []time.Time{j.CreatedAt, j.UpdatedAt} {
@@ -319,16 +319,16 @@ func (r *runner) plan(en *entry, now time.Time) {
 	}
 	cutoff := now.Add(-r.s.cfg.MisfireThreshold)
 	var missed []time.Time
-	p := en.spec.sched.Next(base)
+	p := en.spec.Next(base)
 	more := 0
 	for !p.IsZero() && !p.After(cutoff) {
 		if len(missed) >= maxMisfireScan {
 			more++
-			p = en.spec.sched.Next(cutoff)
+			p = en.spec.Next(cutoff)
 			break
 		}
 		missed = append(missed, p)
-		p = en.spec.sched.Next(p)
+		p = en.spec.Next(p)
 	}
 	if len(missed) > 0 {
 		r.misfire(en, missed, more)
@@ -340,13 +340,13 @@ func (r *runner) plan(en *entry, now time.Time) {
 // misfire applies the job's misfire policy to planned times missed while
 // no scheduler led.
 func (r *runner) misfire(en *entry, missed []time.Time, more int) {
-	j := en.spec.job
+	j := en.spec.Job
 	var fire []time.Time
 	switch j.Misfire {
 	case wire.MisfireOnce:
 		fire = missed[len(missed)-1:]
 	case wire.MisfireAll:
-		n := orDefault(j.MisfireCap, DefaultMisfireCap)
+		n := orDefault(j.MisfireCap, jobs.DefaultMisfireCap)
 		fire = missed[max(0, len(missed)-n):]
 	}
 	skipped := missed[:len(missed)-len(fire)]
@@ -397,7 +397,7 @@ func (r *runner) reschedule(en *entry, now time.Time) {
 	case len(en.queue) > 0:
 		en.due = now
 	case !en.next.IsZero():
-		en.due = en.next.Add(en.spec.jitterFor(en.next))
+		en.due = en.next.Add(en.spec.Jitter(en.next))
 	default:
 		en.due = time.Time{}
 	}
@@ -530,7 +530,7 @@ func (r *runner) flush(ctx context.Context) {
 		}
 		f, err := r.st.PutStateAsync(en.state)
 		if err != nil {
-			r.s.log.Warn("save job state", "job", en.spec.job.Name, "err", err)
+			r.s.log.Warn("save job state", "job", en.spec.Job.Name, "err", err)
 			continue
 		}
 		r.pending = append(r.pending, f)
@@ -674,8 +674,8 @@ func (r *runner) finish(taskID string, state wire.TaskState, attempts int, msg s
 	}
 	en.state.Active = slices.DeleteFunc(en.state.Active, func(x wire.ActiveRun) bool { return x.TaskID == taskID })
 	r.touch(en)
-	if res := en.spec.job.Resource; res != "" && en.spec.cooldown > 0 {
-		until := r.s.clock.Now().Add(en.spec.cooldown)
+	if res := en.spec.Job.Resource; res != "" && en.spec.Cooldown() > 0 {
+		until := r.s.clock.Now().Add(en.spec.Cooldown())
 		if until.After(r.cooldowns[res]) {
 			r.cooldowns[res] = until
 			if f, err := r.st.PutCooldownAsync(res, until); err == nil {
@@ -744,7 +744,7 @@ func (r *runner) reconciledRuns(ctx context.Context, found []wire.TaskInfo) {
 // sortDue orders a batch: higher priority first, then earlier due.
 func sortDue(batch []*entry) {
 	sort.SliceStable(batch, func(i, j int) bool {
-		pi, pj := batch[i].spec.job.Priority, batch[j].spec.job.Priority
+		pi, pj := batch[i].spec.Job.Priority, batch[j].spec.Job.Priority
 		if pi != pj {
 			return pi > pj
 		}

@@ -18,7 +18,6 @@ import (
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
 	"github.com/gantry-dev/gantry/jobs"
-	"github.com/gantry-dev/gantry/kv"
 )
 
 // Config configures a Scheduler.
@@ -46,7 +45,7 @@ type Config struct {
 	// ReconcileInterval is how often the leader checks gantry_tasks for
 	// unfinished runs whose end event it missed. Defaults to 30s.
 	ReconcileInterval time.Duration
-	// Jobs are applied to gantry_jobs when Run starts (see ApplyJobs).
+	// Jobs are applied to gantry_jobs when Run starts (see jobs.Apply).
 	// Defaults to none.
 	Jobs []wire.Job
 	// Clock tells the time of every scheduling decision. Defaults to
@@ -102,15 +101,16 @@ func New(cfg Config, js jetstream.JetStream) (*Scheduler, error) {
 			return nil, fmt.Errorf("scheduler: max per type %q=%d: want a task type and a positive cap", typ, n)
 		}
 	}
-	jobs := make([]wire.Job, len(cfg.Jobs))
+	defs := make([]wire.Job, len(cfg.Jobs))
 	for i, j := range cfg.Jobs {
-		n, err := Normalize(j)
+		n, err := jobs.Normalize(j)
 		if err != nil {
 			return nil, fmt.Errorf("scheduler: jobs[%d]: %w", i, err)
 		}
-		jobs[i] = n
+		n.Source = wire.JobSourceConfig
+		defs[i] = n
 	}
-	cfg.Jobs = jobs
+	cfg.Jobs = defs
 	return &Scheduler{
 		cfg:   cfg,
 		js:    js,
@@ -159,63 +159,4 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	}
 	close(s.ready)
 	return r.loop(ctx)
-}
-
-// ApplyJobs writes jobs (normalized, marked as coming from the config) into
-// the store: a new job is created, a changed one updated, an unchanged one
-// left alone. An existing job keeps its Paused flag, so a pause done by an
-// operator survives a restart; a job's paused setting in jobs only applies
-// when the job is created. Jobs missing from jobs are not deleted.
-func ApplyJobs(ctx context.Context, store *jobs.Store, defs []wire.Job, now time.Time) error {
-	for _, j := range defs {
-		j, err := Normalize(j)
-		if err != nil {
-			return err
-		}
-		j.Source = wire.JobSourceConfig
-		for {
-			cur, rev, err := store.Get(ctx, j.Name)
-			if errors.Is(err, jobs.ErrNotFound) {
-				j.CreatedAt, j.UpdatedAt = now, now
-				_, err = store.Create(ctx, j)
-				if errors.Is(err, jobs.ErrExists) {
-					continue
-				}
-				if err != nil {
-					return err
-				}
-				break
-			}
-			if err != nil {
-				return err
-			}
-			if SameDefinition(cur, j) {
-				break
-			}
-			next := j
-			next.Paused = cur.Paused
-			next.CreatedAt, next.UpdatedAt = cur.CreatedAt, now
-			_, err = store.Update(ctx, next, rev)
-			if errors.Is(err, kv.ErrChanged) {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			break
-		}
-	}
-	return nil
-}
-
-// SameDefinition reports whether a and b define the same job, ignoring
-// Paused, Source and the timestamps.
-func SameDefinition(a, b wire.Job) bool {
-	a.Paused, b.Paused = false, false
-	a.Source, b.Source = "", ""
-	a.CreatedAt, b.CreatedAt = time.Time{}, time.Time{}
-	a.UpdatedAt, b.UpdatedAt = time.Time{}, time.Time{}
-	ea, err1 := jsonString(a)
-	eb, err2 := jsonString(b)
-	return err1 == nil && err2 == nil && ea == eb
 }

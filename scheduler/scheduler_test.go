@@ -12,6 +12,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/jobs"
 )
 
 func TestEveryFiresTasks(t *testing.T) {
@@ -158,7 +159,7 @@ func TestMisfirePolicies(t *testing.T) {
 			// The job existed an hour ago and last fired 10 minutes ago;
 			// the scheduler has been down since.
 			j := wire.Job{Name: "m", Type: "noop", Every: "1m", Misfire: tc.policy, MisfireCap: tc.cap}
-			j, _ = Normalize(j)
+			j, _ = jobs.Normalize(j)
 			j.CreatedAt, j.UpdatedAt = t0.Add(-time.Hour), t0.Add(-time.Hour)
 			if _, err := b.jobs.Create(context.Background(), j); err != nil {
 				t.Fatal(err)
@@ -364,37 +365,6 @@ func TestTrigger(t *testing.T) {
 	}
 }
 
-func TestApplyJobsKeepsOperatorPause(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := context.Background()
-	cfg := []wire.Job{{Name: "cfg", Type: "noop", Every: "1m"}}
-	if err := ApplyJobs(ctx, b.jobs, cfg, t0); err != nil {
-		t.Fatal(err)
-	}
-	b.modify("cfg", func(j *wire.Job) { j.Paused = true })
-	_, rev, _ := b.jobs.Get(ctx, "cfg")
-	if err := ApplyJobs(ctx, b.jobs, cfg, t0.Add(time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	j, rev2, err := b.jobs.Get(ctx, "cfg")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rev2 != rev {
-		t.Errorf("revision after applying an unchanged config = %d, want %d (no write)", rev2, rev)
-	}
-	cfg[0].Every = "2m"
-	if err := ApplyJobs(ctx, b.jobs, cfg, t0.Add(2*time.Hour)); err != nil {
-		t.Fatal(err)
-	}
-	j, _, _ = b.jobs.Get(ctx, "cfg")
-	if j.Every != "2m" || !j.Paused || j.Source != wire.JobSourceConfig || !j.CreatedAt.Equal(t0) {
-		t.Errorf("job after a config change = every %s paused %v source %s created %s, want 2m, still paused, config, %s",
-			j.Every, j.Paused, j.Source, j.CreatedAt, t0)
-	}
-}
-
 func TestBadJobIsRejectedAndAudited(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -403,17 +373,35 @@ func TestBadJobIsRejectedAndAudited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kvb.Put(context.Background(), "broken", []byte(`{"name":"broken","type":"noop","cron":"not a cron"}`)); err != nil {
+	// Bad values any client can write: each is rejected with an event and
+	// the scheduler carries on. "TZ=UTC" made robfig/cron, the parser used
+	// before, panic and every scheduler crash-loop.
+	bad := map[string]string{
+		"broken":   `{"name":"broken","type":"noop","cron":"not a cron"}`,
+		"tz":       `{"type":"noop","cron":"TZ=UTC"}`,
+		"tz-5":     `{"type":"noop","cron":"TZ=UTC 0 * * * *"}`,
+		"garbage":  `garbage`,
+		"misnamed": `{"name":"other","type":"noop","every":"1m"}`,
+	}
+	for key, v := range bad {
+		if _, err := kvb.Put(context.Background(), key, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A valid job written by another client, without name, queue or
+	// policies, fires with the defaults under its key.
+	if _, err := kvb.Put(context.Background(), "fine", []byte(`{"type":"noop","every":"1m","created_at":"2026-11-30T10:00:00Z"}`)); err != nil {
 		t.Fatal(err)
 	}
-	// A valid job written by another client, without queue or policies,
-	// fires with the defaults.
-	if _, err := kvb.Put(context.Background(), "fine", []byte(`{"name":"fine","type":"noop","every":"1m","created_at":"2026-11-30T10:00:00Z"}`)); err != nil {
-		t.Fatal(err)
+	ev := b.waitEvents(wire.EventConfigRejected, len(bad))
+	rejected := map[string]bool{}
+	for _, e := range ev {
+		rejected[e.JobID] = true
 	}
-	ev := b.waitEvents(wire.EventConfigRejected, 1)
-	if ev[0].JobID != "broken" {
-		t.Errorf("CONFIG_REJECTED job = %q, want broken", ev[0].JobID)
+	for key := range bad {
+		if !rejected[key] {
+			t.Errorf("CONFIG_REJECTED for %s missing; got events for %v", key, rejected)
+		}
 	}
 	b.advance(time.Minute)
 	if got := b.waitTasks(1); got[0].job != "fine" || got[0].subject != "gantry.tasks.default.noop" {
@@ -465,7 +453,7 @@ func TestReconcileFromTaskBucket(t *testing.T) {
 func TestMisfireSummary(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	j, _ := Normalize(wire.Job{Name: "long", Type: "noop", Every: "1m", Misfire: wire.MisfireSkip})
+	j, _ := jobs.Normalize(wire.Job{Name: "long", Type: "noop", Every: "1m", Misfire: wire.MisfireSkip})
 	j.CreatedAt, j.UpdatedAt = t0.Add(-24*time.Hour), t0.Add(-24*time.Hour)
 	if _, err := b.jobs.Create(context.Background(), j); err != nil {
 		t.Fatal(err)

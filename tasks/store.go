@@ -19,12 +19,12 @@ import (
 // its kv counterpart.
 var (
 	// ErrNotFound is returned for a task id absent from gantry_tasks.
-	ErrNotFound = fmt.Errorf("task %w", kv.ErrNotFound)
+	ErrNotFound = kv.Sentinel("task not found", kv.ErrNotFound)
 	// ErrExists is returned by Store.Create when the id is taken.
-	ErrExists = fmt.Errorf("task %w", kv.ErrExists)
+	ErrExists = kv.Sentinel("task already exists", kv.ErrExists)
 	// ErrChanged is returned by Store.Update when the record changed since
 	// it was read.
-	ErrChanged = fmt.Errorf("task %w", kv.ErrChanged)
+	ErrChanged = kv.Sentinel("task changed meanwhile", kv.ErrChanged)
 )
 
 // DefaultRetention is how long the record of a task that ended

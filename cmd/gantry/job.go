@@ -18,8 +18,6 @@ import (
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/jobs"
-	"github.com/gantry-dev/gantry/kv"
-	"github.com/gantry-dev/gantry/scheduler"
 )
 
 func (a *app) jobCommand() *cobra.Command {
@@ -123,28 +121,13 @@ func (a *app) jobAdd(ctx context.Context, name string, f *jobFlags) error {
 		return err
 	}
 	now := time.Now().UTC()
-	for {
-		cur, rev, err := store.Get(ctx, name)
-		if errors.Is(err, jobs.ErrNotFound) {
-			j.CreatedAt, j.UpdatedAt = now, now
-			if _, err = store.Create(ctx, j); errors.Is(err, jobs.ErrExists) {
-				continue
-			}
-		} else if err == nil {
-			j.Paused, j.CreatedAt, j.UpdatedAt = cur.Paused, cur.CreatedAt, now
-			if _, err = store.Update(ctx, j, rev); errors.Is(err, kv.ErrChanged) {
-				continue
-			}
-		}
-		if err != nil {
-			return err
-		}
-		break
+	if j, err = jobs.Apply(ctx, store, j, now); err != nil {
+		return err
 	}
 	if a.json {
 		return a.printJSON(a.jobView(j, nil))
 	}
-	next, _ := scheduler.NextFire(j, now)
+	next, _ := jobs.NextFire(j, now)
 	fmt.Fprintf(a.stdout, "job %s saved; next fire %s\n", name, jobWhen(next))
 	return nil
 }
@@ -167,7 +150,7 @@ func (f *jobFlags) job(name string) (wire.Job, error) {
 	}
 	j.Payload = payload
 	if f.at != "" {
-		at, err := scheduler.ParseAt(f.at, f.timezone)
+		at, err := jobs.ParseAt(f.at, f.timezone)
 		if err != nil {
 			return wire.Job{}, usageError("%v", err)
 		}
@@ -176,7 +159,7 @@ func (f *jobFlags) job(name string) (wire.Job, error) {
 		}
 		j.At = &at
 	}
-	j, err = scheduler.Normalize(j)
+	j, err = jobs.Normalize(j)
 	if err != nil {
 		return wire.Job{}, usageError("%v", err)
 	}
@@ -204,7 +187,7 @@ type jobView struct {
 func (a *app) jobView(j wire.Job, st *wire.JobState) jobView {
 	v := jobView{Job: j, Running: []string{}}
 	if !j.Paused {
-		if next, err := scheduler.NextFire(j, time.Now()); err == nil && !next.IsZero() {
+		if next, err := jobs.NextFire(j, time.Now()); err == nil && !next.IsZero() {
 			v.NextFire = &next
 		}
 	}

@@ -199,17 +199,6 @@ func TestRunRefusesBadConfigJob(t *testing.T) {
 	}
 }
 
-func TestShortDuration(t *testing.T) {
-	t.Parallel()
-	for d, want := range map[time.Duration]string{
-		time.Second: "1s", time.Minute: "1m", 90 * time.Second: "1m30s", time.Hour: "1h", 2*time.Hour + 30*time.Minute: "2h30m",
-	} {
-		if got := shortDuration(d); got != want {
-			t.Errorf("shortDuration(%s) = %q, want %q", d, got, want)
-		}
-	}
-}
-
 func TestSchedulerRefusesBadConfigJob(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)

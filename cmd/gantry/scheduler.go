@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/config"
+	"github.com/gantry-dev/gantry/jobs"
 	"github.com/gantry-dev/gantry/scheduler"
 )
 
@@ -53,7 +53,7 @@ func (f *schedulerFlags) config(cfg *config.File, log *slog.Logger) (scheduler.C
 	if f.leaderTTL < time.Second || f.leaderTTL%time.Second != 0 {
 		return scheduler.Config{}, usageError("--leader-ttl %s: want whole seconds, at least 1s", f.leaderTTL)
 	}
-	jobs, err := jobsFromConfig(cfg)
+	defs, err := cfg.JobDefinitions()
 	if err != nil {
 		return scheduler.Config{}, err
 	}
@@ -63,7 +63,7 @@ func (f *schedulerFlags) config(cfg *config.File, log *slog.Logger) (scheduler.C
 		MaxConcurrent:    f.maxConcurrent,
 		MaxPerType:       perType,
 		RunHistoryTTL:    f.runHistory,
-		Jobs:             jobs,
+		Jobs:             defs,
 		Logger:           log,
 	}, nil
 }
@@ -72,51 +72,10 @@ func (f *schedulerFlags) config(cfg *config.File, log *slog.Logger) (scheduler.C
 // share it. A bad job in the config file is invalid input (exit 2).
 func newScheduler(cfg scheduler.Config, js jetstream.JetStream) (*scheduler.Scheduler, error) {
 	s, err := scheduler.New(cfg, js)
-	if errors.Is(err, scheduler.ErrInvalidJob) {
+	if errors.Is(err, jobs.ErrInvalid) {
 		return nil, fmt.Errorf("%w: %w", config.ErrInvalid, err)
 	}
 	return s, err
-}
-
-// jobsFromConfig turns the config file's jobs into job definitions.
-func jobsFromConfig(cfg *config.File) ([]wire.Job, error) {
-	jobs := make([]wire.Job, 0, len(cfg.Jobs))
-	for i, c := range cfg.Jobs {
-		j := wire.Job{
-			Name: c.Name, Type: c.Type, Queue: c.Queue, Priority: c.Priority, MaxAttempts: c.MaxAttempts,
-			Resource: c.Resource, Description: c.Description, Cron: c.Cron, Timezone: c.Timezone,
-			Windows: c.AllWindows(), Misfire: wire.MisfirePolicy(c.Misfire), MisfireCap: c.MisfireCap,
-			Overlap: wire.OverlapPolicy(c.Overlap), MaxPerHour: c.MaxPerHour, Paused: c.Paused,
-		}
-		if c.Payload != nil {
-			p, err := json.Marshal(c.Payload)
-			if err != nil {
-				return nil, fmt.Errorf("%w: jobs[%d] (%s): payload: %w", config.ErrInvalid, i, c.Name, err)
-			}
-			j.Payload = p
-		}
-		for _, d := range []struct {
-			v   config.Duration
-			dst *string
-		}{{c.Every, &j.Every}, {c.Jitter, &j.Jitter}, {c.Timeout, &j.Timeout}, {c.Cooldown, &j.Cooldown}} {
-			if d.v != 0 {
-				*d.dst = shortDuration(d.v.Std())
-			}
-		}
-		if c.At != "" {
-			at, err := scheduler.ParseAt(c.At, c.Timezone)
-			if err != nil {
-				return nil, fmt.Errorf("%w: jobs[%d] (%s): %w", config.ErrInvalid, i, c.Name, err)
-			}
-			j.At = &at
-		}
-		n, err := scheduler.Normalize(j)
-		if err != nil {
-			return nil, fmt.Errorf("%w: jobs[%d]: %w", config.ErrInvalid, i, err)
-		}
-		jobs = append(jobs, n)
-	}
-	return jobs, nil
 }
 
 func (a *app) schedulerCommand() *cobra.Command {
@@ -204,18 +163,6 @@ func (p *process) addScheduler(cfg *config.File, log *slog.Logger, js jetstream.
 	}
 	p.addActor("scheduler", s)
 	return nil
-}
-
-// shortDuration writes d as a Go duration without zero tails: 1m, not 1m0s.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
 }
 
 // rejectSchedulerConfig records a config file the scheduler refused as a

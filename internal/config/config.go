@@ -13,14 +13,15 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/kv"
 )
 
 // ErrInvalid marks every error about the config file's content; the CLI maps
 // it to exit code 2.
-var ErrInvalid = errors.New("invalid config")
+var ErrInvalid = kv.Sentinel("invalid config", kv.ErrInvalid)
 
 // File is the whole config file.
 type File struct {
@@ -99,7 +100,10 @@ type Database struct {
 	DSN    string `yaml:"dsn"`
 }
 
-// Job is a scheduled job.
+// Job is a scheduled job as the config file writes it. Definition turns it
+// into the one job definition, wire.Job, which jobs.Validate checks: the
+// config file, 'gantry job add' and any client are held to the same rules.
+// Durations are Go duration strings ("30s").
 type Job struct {
 	// Name is the job's key in gantry_jobs: letters, digits, '-' and '_'.
 	Name string `yaml:"name"`
@@ -112,9 +116,9 @@ type Job struct {
 	Payload map[string]any `yaml:"payload"`
 	// Exactly one of Cron (5 fields, or 6 with seconds), Every and At
 	// (RFC 3339, or "2006-01-02 15:04" in Timezone) is set.
-	Cron  string   `yaml:"cron"`
-	Every Duration `yaml:"every"`
-	At    string   `yaml:"at"`
+	Cron  string `yaml:"cron"`
+	Every string `yaml:"every"`
+	At    string `yaml:"at"`
 	// Timezone (IANA) is what Cron, At and the windows are read in.
 	// Defaults to UTC.
 	Timezone string `yaml:"timezone"`
@@ -123,7 +127,7 @@ type Job struct {
 	Window  string   `yaml:"window"`
 	Windows []string `yaml:"windows"`
 	// Jitter delays each fire by up to this much. Defaults to none.
-	Jitter Duration `yaml:"jitter"`
+	Jitter string `yaml:"jitter"`
 	// Misfire is skip, once or all. Defaults to once. MisfireCap bounds
 	// "all". Defaults to 100.
 	Misfire    string `yaml:"misfire"`
@@ -131,15 +135,15 @@ type Job struct {
 	// Overlap is allow, forbid or replace. Defaults to allow.
 	Overlap string `yaml:"overlap"`
 	// MaxPerHour caps the fires in any hour. Defaults to no cap.
-	MaxPerHour  int      `yaml:"max_per_hour"`
-	Priority    int      `yaml:"priority"`
-	Timeout     Duration `yaml:"timeout"`
-	MaxAttempts int      `yaml:"max_attempts"`
-	Resource    string   `yaml:"resource"`
+	MaxPerHour  int    `yaml:"max_per_hour"`
+	Priority    int    `yaml:"priority"`
+	Timeout     string `yaml:"timeout"`
+	MaxAttempts int    `yaml:"max_attempts"`
+	Resource    string `yaml:"resource"`
 	// Cooldown keeps jobs on Resource from firing until this long after a
 	// run on it finished. Defaults to none.
-	Cooldown    Duration `yaml:"cooldown"`
-	Description string   `yaml:"description"`
+	Cooldown    string `yaml:"cooldown"`
+	Description string `yaml:"description"`
 	// Paused applies when the job is created; afterwards 'gantry job
 	// pause|resume' decides.
 	Paused bool `yaml:"paused"`
@@ -280,14 +284,14 @@ func (f *File) validate() error {
 		}
 		dbs[d.Name] = true
 	}
-	jobs := map[string]bool{}
+	names := map[string]bool{}
 	for i, j := range f.Jobs {
-		if !wire.ValidToken(j.Name) || jobs[j.Name] {
-			return fmt.Errorf("jobs[%d]: name %q must be set, unique, without spaces, '.', '*' or '>'", i, j.Name)
+		if names[j.Name] {
+			return fmt.Errorf("jobs[%d]: duplicate name %q", i, j.Name)
 		}
-		jobs[j.Name] = true
-		if err := j.validate(i); err != nil {
-			return err
+		names[j.Name] = true
+		if _, err := j.Definition(); err != nil {
+			return fmt.Errorf("jobs[%d]: %w", i, err)
 		}
 	}
 	// The broker's per-message TTL is whole seconds, at least 1 s.

@@ -38,8 +38,8 @@ jobs:
 	if got, want := f.Routes[0].Interval.Std(), 30*time.Second; got != want {
 		t.Errorf("Interval = %v, want %v", got, want)
 	}
-	if got, want := f.Jobs[0].Every.Std(), time.Minute; got != want {
-		t.Errorf("Every = %v, want %v", got, want)
+	if got, want := f.Jobs[0].Every, "1m"; got != want {
+		t.Errorf("Every = %q, want %q", got, want)
 	}
 	if got, want := f.Resources[0].Route, "office"; got != want {
 		t.Errorf("Route = %q, want %q", got, want)
@@ -51,7 +51,7 @@ func TestParseErrors(t *testing.T) {
 	for _, tc := range []struct{ name, doc, want string }{
 		{"unknown top key", "routez: []\n", `line 1: unknown key "routez"`},
 		{"unknown nested key", "jobs:\n  - {name: a, type: noop, evry: 1m}\n", `unknown key "evry"`},
-		{"bad duration", "jobs:\n  - {name: a, type: noop, every: soon}\n", `"soon" is not a duration`},
+		{"bad duration", "jobs:\n  - {name: a, type: noop, every: soon}\n", `every "soon" must be a whole number of seconds`},
 		{"dup resource", "resources: [{id: a}, {id: a}]\n", `duplicate id "a"`},
 		{"unknown route", "resources: [{id: a, route: nowhere}]\n", `route "nowhere" is not among routes`},
 		{"job without type", "jobs: [{name: a}]\n", "type is required"},

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/gantry-dev/gantry/kv"
 )
 
 func TestJobValidation(t *testing.T) {
@@ -24,6 +26,12 @@ func TestJobValidation(t *testing.T) {
 		{"window", `{name: a, type: noop, every: 1m, window: "8-17"}`, "window"},
 		{"cooldown", `{name: a, type: noop, every: 1m, cooldown: 1m}`, "cooldown needs a resource"},
 		{"unknown key", `{name: a, type: noop, every: 1m, colour: red}`, `unknown key "colour"`},
+		{"empty window", `{name: a, type: noop, every: 1m, window: "08:00-08:00"}`, "window"},
+		{"bad at", `{name: a, type: noop, at: tomorrow}`, "at"},
+		{"at in zone", `{name: a, type: noop, at: "2027-01-01 08:00", timezone: Europe/Berlin}`, ""},
+		{"cron zone prefix", `{name: a, type: noop, cron: "TZ=UTC"}`, "timezone"},
+		{"bad name", `{name: "a b", type: noop, every: 1m}`, "name"},
+		{"bad timeout", `{name: a, type: noop, every: 1m, timeout: soon}`, "timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -34,7 +42,7 @@ func TestJobValidation(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			if !errors.Is(err, ErrInvalid) || !errors.Is(err, kv.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Parse = %v, want ErrInvalid mentioning %q", err, tc.want)
 			}
 		})

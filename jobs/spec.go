@@ -1,21 +1,19 @@
-package scheduler
+package jobs
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"strings"
 	"time"
 
-	"github.com/robfig/cron/v3"
-
 	"github.com/gantry-dev/gantry/broker/wire"
-	"github.com/gantry-dev/gantry/internal/cronexpr"
+	"github.com/gantry-dev/gantry/kv"
 )
 
-// ErrInvalidJob marks every error about a job definition.
-var ErrInvalidJob = errors.New("invalid job")
+// ErrInvalid marks every error about a job definition. It matches
+// kv.ErrInvalid.
+var ErrInvalid = kv.Sentinel("invalid job", kv.ErrInvalid)
 
 // Default policies of a job that names none.
 const (
@@ -34,15 +32,30 @@ type schedule interface {
 	Next(t time.Time) time.Time
 }
 
-// spec is a job definition checked and compiled.
-type spec struct {
-	job      wire.Job
+// Spec is a job definition checked and compiled: what a scheduler plans
+// with and what 'gantry job' previews. Compile makes one.
+type Spec struct {
+	// Job is the definition as compiled (normalize it first to get the
+	// defaults filled).
+	Job      wire.Job
 	sched    schedule
 	loc      *time.Location
 	windows  []window
 	jitter   time.Duration
 	cooldown time.Duration
 }
+
+// Next returns the first planned time of the job strictly after t, before
+// jitter and windows, or the zero time when there is none (a one-shot job
+// that has passed).
+func (s *Spec) Next(t time.Time) time.Time { return s.sched.Next(t) }
+
+// Location is the time zone the job's cron, at and windows are read in.
+func (s *Spec) Location() *time.Location { return s.loc }
+
+// Cooldown is how long jobs on the job's resource wait after a run on it
+// ended; 0 for none.
+func (s *Spec) Cooldown() time.Duration { return s.cooldown }
 
 // Normalize fills a job's defaults (queue, misfire and overlap policies,
 // misfire cap) and validates it; it returns the job as it should be stored.
@@ -63,24 +76,31 @@ func Normalize(j wire.Job) (wire.Job, error) {
 		at := j.At.Truncate(time.Second)
 		j.At = &at
 	}
-	if _, err := compile(j); err != nil {
+	if _, err := Compile(j); err != nil {
 		return wire.Job{}, err
 	}
 	return j, nil
 }
 
-// Validate reports what is wrong with a job definition, if anything.
+// Validate reports what is wrong with a job definition, if anything. It is
+// the one validator of jobs: the config file, 'gantry job add' and the
+// scheduler (for a job any client wrote into gantry_jobs) all use it.
 func Validate(j wire.Job) error {
-	_, err := compile(j)
+	_, err := Compile(j)
 	return err
 }
 
-func compile(j wire.Job) (*spec, error) {
+// Compile checks j and compiles its trigger, windows and policies. Every
+// error matches ErrInvalid and names the job.
+func Compile(j wire.Job) (*Spec, error) {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w %q: %s", ErrInvalidJob, j.Name, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w %q: %s", ErrInvalid, j.Name, fmt.Sprintf(format, args...))
 	}
 	if !wire.ValidJobName(j.Name) {
-		return nil, fmt.Errorf("%w: name %q must be 1 to %d letters, digits, '-' or '_'", ErrInvalidJob, j.Name, wire.MaxJobNameLen)
+		return nil, fmt.Errorf("%w: name %q must be 1 to %d letters, digits, '-' or '_'", ErrInvalid, j.Name, wire.MaxJobNameLen)
+	}
+	if j.Type == "" {
+		return nil, bad("type is required")
 	}
 	if !wire.ValidToken(j.Type) {
 		return nil, bad("type %q must be set, without spaces, '.', '*' or '>'", j.Type)
@@ -99,7 +119,7 @@ func compile(j wire.Job) (*spec, error) {
 	if j.MaxAttempts < 0 || j.MaxPerHour < 0 || j.MisfireCap < 0 {
 		return nil, bad("max_attempts, max_per_hour and misfire_cap must not be negative")
 	}
-	s := &spec{job: j, loc: time.UTC}
+	s := &Spec{Job: j, loc: time.UTC}
 	if j.Timezone != "" {
 		loc, err := time.LoadLocation(j.Timezone)
 		if err != nil {
@@ -118,7 +138,7 @@ func compile(j wire.Job) (*spec, error) {
 	}
 	switch {
 	case j.Cron != "":
-		cs, err := cronexpr.Parse(j.Cron)
+		cs, err := parseCron(j.Cron)
 		if err != nil {
 			return nil, bad("cron %q: %v", j.Cron, err)
 		}
@@ -175,7 +195,7 @@ func nonNegative(name, v string) (time.Duration, error) {
 
 // cronSchedule reads a cron expression in a time zone.
 type cronSchedule struct {
-	cs  cron.Schedule
+	cs  schedule
 	loc *time.Location
 }
 
@@ -235,9 +255,9 @@ func (w window) contains(minute int) bool {
 	return minute >= w.from || minute < w.to
 }
 
-// inWindow reports whether t, read in the job's zone, is inside one of its
+// InWindow reports whether t, read in the job's zone, is inside one of its
 // windows (always, when it has none).
-func (s *spec) inWindow(t time.Time) bool {
+func (s *Spec) InWindow(t time.Time) bool {
 	if len(s.windows) == 0 {
 		return true
 	}
@@ -251,15 +271,15 @@ func (s *spec) inWindow(t time.Time) bool {
 	return false
 }
 
-// jitterFor returns the delay of the fire planned at planned: a hash of the
+// Jitter returns the delay of the fire planned at planned: a hash of the
 // job and the planned time in [0, jitter), the same on every scheduler, so a
 // failover does not move a fire.
-func (s *spec) jitterFor(planned time.Time) time.Duration {
+func (s *Spec) Jitter(planned time.Time) time.Duration {
 	if s.jitter <= 0 {
 		return 0
 	}
 	h := fnv.New64a()
-	_, _ = h.Write([]byte(s.job.Name))
+	_, _ = h.Write([]byte(s.Job.Name))
 	var b [8]byte
 	n := uint64(planned.UnixNano())
 	for i := range b {
@@ -282,7 +302,7 @@ func ParseAt(s, tz string) (time.Time, error) {
 	if tz != "" {
 		l, err := time.LoadLocation(tz)
 		if err != nil {
-			return time.Time{}, fmt.Errorf("%w: timezone %q is not a known IANA zone", ErrInvalidJob, tz)
+			return time.Time{}, fmt.Errorf("%w: timezone %q is not a known IANA zone", ErrInvalid, tz)
 		}
 		loc = l
 	}
@@ -291,13 +311,13 @@ func ParseAt(s, tz string) (time.Time, error) {
 			return t, nil
 		}
 	}
-	return time.Time{}, fmt.Errorf("%w: at %q: want RFC 3339 or 2006-01-02 15:04[:05]", ErrInvalidJob, s)
+	return time.Time{}, fmt.Errorf("%w: at %q: want RFC 3339 or 2006-01-02 15:04[:05]", ErrInvalid, s)
 }
 
 // NextFire returns the first planned time of j after t (zero when it has
 // none), jitter included.
 func NextFire(j wire.Job, t time.Time) (time.Time, error) {
-	s, err := compile(j)
+	s, err := Compile(j)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -305,5 +325,5 @@ func NextFire(j wire.Job, t time.Time) (time.Time, error) {
 	if p.IsZero() {
 		return p, nil
 	}
-	return p.Add(s.jitterFor(p)), nil
+	return p.Add(s.Jitter(p)), nil
 }

@@ -1,4 +1,4 @@
-package scheduler
+package jobs
 
 import (
 	"encoding/json"
@@ -10,7 +10,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 )
 
-func mustCompile(t *testing.T, j wire.Job) *spec {
+func mustCompile(t *testing.T, j wire.Job) *Spec {
 	t.Helper()
 	if j.Name == "" {
 		j.Name = "j"
@@ -18,7 +18,7 @@ func mustCompile(t *testing.T, j wire.Job) *spec {
 	if j.Type == "" {
 		j.Type = "noop"
 	}
-	s, err := compile(j)
+	s, err := Compile(j)
 	if err != nil {
 		t.Fatalf("compile: %v", err)
 	}
@@ -45,6 +45,8 @@ func TestCronSchedule(t *testing.T) {
 		{"time zone summer", "0 3 * * *", "Europe/Berlin", "2026-07-01T00:00:00Z", []string{"2026-07-01T01:00:00Z"}},
 		{"descriptor", "@hourly", "", "2026-11-30T10:07:00Z", []string{"2026-11-30T11:00:00Z"}},
 		{"weekdays", "0 9 * * MON-FRI", "", "2026-12-04T10:00:00Z", []string{"2026-12-07T09:00:00Z"}},
+		{"last day of february, seconds", "30 0 0 L 2 *", "", "2027-06-01T00:00:00Z", []string{"2028-02-29T00:00:30Z"}},
+		{"third-last day", "0 0 L-2 * *", "", "2026-11-15T00:00:00Z", []string{"2026-11-28T00:00:00Z"}},
 		{"last day of the month", "0 18 L * *", "Europe/Berlin", "2026-11-15T00:00:00Z", []string{"2026-11-30T17:00:00Z", "2026-12-31T17:00:00Z", "2027-01-31T17:00:00Z", "2027-02-28T17:00:00Z"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -52,7 +54,7 @@ func TestCronSchedule(t *testing.T) {
 			s := mustCompile(t, wire.Job{Cron: tc.cron, Timezone: tc.tz})
 			at := ts(tc.after)
 			for i, w := range tc.want {
-				at = s.sched.Next(at)
+				at = s.Next(at)
 				if !at.Equal(ts(w)) {
 					t.Fatalf("fire %d = %s, want %s", i, at.UTC().Format(time.RFC3339), w)
 				}
@@ -64,16 +66,16 @@ func TestCronSchedule(t *testing.T) {
 func TestEverySchedule(t *testing.T) {
 	t.Parallel()
 	s := mustCompile(t, wire.Job{Every: "1m"})
-	got := s.sched.Next(ts("2026-11-30T10:00:30Z"))
+	got := s.Next(ts("2026-11-30T10:00:30Z"))
 	if want := ts("2026-11-30T10:01:00Z"); !got.Equal(want) {
 		t.Errorf("Next(10:00:30) = %s, want %s", got, want)
 	}
-	if got, want := s.sched.Next(got), ts("2026-11-30T10:02:00Z"); !got.Equal(want) {
+	if got, want := s.Next(got), ts("2026-11-30T10:02:00Z"); !got.Equal(want) {
 		t.Errorf("Next(10:01:00) = %s, want %s", got, want)
 	}
 	s = mustCompile(t, wire.Job{Every: "7s"})
-	a := s.sched.Next(ts("2026-11-30T10:00:00Z"))
-	if b := s.sched.Next(a); b.Sub(a) != 7*time.Second || a.Unix()%7 != 0 {
+	a := s.Next(ts("2026-11-30T10:00:00Z"))
+	if b := s.Next(a); b.Sub(a) != 7*time.Second || a.Unix()%7 != 0 {
 		t.Errorf("every 7s: %s then %s, want multiples of 7 s since the epoch", a, b)
 	}
 }
@@ -86,10 +88,10 @@ func TestAtSchedule(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := mustCompile(t, j)
-	if got, want := s.sched.Next(ts("2026-11-30T00:00:00Z")), ts("2026-12-01T03:00:00Z"); !got.Equal(want) {
+	if got, want := s.Next(ts("2026-11-30T00:00:00Z")), ts("2026-12-01T03:00:00Z"); !got.Equal(want) {
 		t.Errorf("Next before at = %s, want %s (truncated to the second)", got, want)
 	}
-	if got := s.sched.Next(ts("2026-12-01T03:00:00Z")); !got.IsZero() {
+	if got := s.Next(ts("2026-12-01T03:00:00Z")); !got.IsZero() {
 		t.Errorf("Next at or after at = %s, want none", got)
 	}
 }
@@ -116,8 +118,8 @@ func TestWindows(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := mustCompile(t, wire.Job{Every: "1m", Windows: tc.windows, Timezone: tc.tz})
-			if got := s.inWindow(ts(tc.at)); got != tc.want {
-				t.Errorf("inWindow(%s) = %v, want %v", tc.at, got, tc.want)
+			if got := s.InWindow(ts(tc.at)); got != tc.want {
+				t.Errorf("InWindow(%s) = %v, want %v", tc.at, got, tc.want)
 			}
 		})
 	}
@@ -132,15 +134,15 @@ func TestJitterBounds(t *testing.T) {
 	differ := 0
 	p := ts("2026-11-30T00:00:00Z")
 	for range 1000 {
-		p = s.sched.Next(p)
-		d := s.jitterFor(p)
+		p = s.Next(p)
+		d := s.Jitter(p)
 		if d < 0 || d >= jitter {
-			t.Fatalf("jitterFor(%s) = %s, want within [0, %s)", p, d, jitter)
+			t.Fatalf("Jitter(%s) = %s, want within [0, %s)", p, d, jitter)
 		}
-		if again := s.jitterFor(p); again != d {
-			t.Fatalf("jitterFor(%s) = %s then %s, want the same (deterministic)", p, d, again)
+		if again := s.Jitter(p); again != d {
+			t.Fatalf("Jitter(%s) = %s then %s, want the same (deterministic)", p, d, again)
 		}
-		if other.jitterFor(p) != d {
+		if other.Jitter(p) != d {
 			differ++
 		}
 		seen[d.Truncate(time.Second)] = true
@@ -151,8 +153,8 @@ func TestJitterBounds(t *testing.T) {
 	if differ < 900 {
 		t.Errorf("two jobs share jitter for %d of 1000 fires, want them spread apart", 1000-differ)
 	}
-	if d := mustCompile(t, wire.Job{Every: "1m"}).jitterFor(p); d != 0 {
-		t.Errorf("jitterFor without jitter = %s, want 0", d)
+	if d := mustCompile(t, wire.Job{Every: "1m"}).Jitter(p); d != 0 {
+		t.Errorf("Jitter without jitter = %s, want 0", d)
 	}
 }
 
@@ -197,8 +199,8 @@ func TestValidate(t *testing.T) {
 			j := ok
 			tc.edit(&j)
 			err := Validate(j)
-			if !errors.Is(err, ErrInvalidJob) || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("Validate = %v, want ErrInvalidJob mentioning %q", err, tc.want)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Validate = %v, want ErrInvalid mentioning %q", err, tc.want)
 			}
 		})
 	}
@@ -220,8 +222,8 @@ func TestParseAt(t *testing.T) {
 			t.Errorf("ParseAt(%q) = %s, %v, want %s", in, got, err, want)
 		}
 	}
-	if _, err := ParseAt("tomorrow", ""); !errors.Is(err, ErrInvalidJob) {
-		t.Errorf("ParseAt(tomorrow) = %v, want ErrInvalidJob", err)
+	if _, err := ParseAt("tomorrow", ""); !errors.Is(err, ErrInvalid) {
+		t.Errorf("ParseAt(tomorrow) = %v, want ErrInvalid", err)
 	}
 	next, err := NextFire(wire.Job{Name: "a", Type: "noop", Every: "1h"}, ts("2026-12-01T03:10:00Z"))
 	if err != nil || !next.Equal(ts("2026-12-01T04:00:00Z")) {
