@@ -57,48 +57,68 @@ func RetryAfter(err error, d time.Duration) error {
 	return &delayError{err: err, d: d}
 }
 
-// class is what becomes of a failed attempt.
-type class int
+// Class is what a worker does with the outcome of an attempt.
+type Class int
 
+// The classes of an attempt's outcome.
 const (
-	classRetry class = iota
-	classDelay
-	classPermanent
-	classCancelled
-	classInterrupted
+	// ClassSucceeded: the handler returned nil; the task is SUCCEEDED.
+	ClassSucceeded Class = iota
+	// ClassRetry: a retryable failure; the task is retried after a backoff
+	// with jitter, or goes to NEEDS_REVIEW when its attempts are used up.
+	ClassRetry
+	// ClassDelay: a delayed failure (RetryAfter); the task is retried after
+	// the hinted delay without using up an attempt.
+	ClassDelay
+	// ClassPermanent: a permanent failure (Permanent); the task goes to
+	// NEEDS_REVIEW at once.
+	ClassPermanent
+	// ClassCancelled: the task was cancelled (ErrCancelled); it ends
+	// CANCELLED.
+	ClassCancelled
+	// ClassInterrupted: the worker stopped under the task; it waits for
+	// another worker without using up an attempt.
+	ClassInterrupted
 )
 
-func (c class) String() string {
+// String is the class's name as audit events carry it.
+func (c Class) String() string {
 	switch c {
-	case classDelay:
+	case ClassSucceeded:
+		return "succeeded"
+	case ClassDelay:
 		return "delay"
-	case classPermanent:
+	case ClassPermanent:
 		return "permanent"
-	case classCancelled:
+	case ClassCancelled:
 		return "cancelled"
-	case classInterrupted:
+	case ClassInterrupted:
 		return "interrupted"
 	}
 	return "retry"
 }
 
-// classify sorts a handler's error; the delay is set for classDelay.
-func classify(err error) (class, time.Duration) {
+// Classify sorts a handler's result the way a worker does; the delay is
+// set for ClassDelay (0 there means the queue's default delay).
+func Classify(err error) (Class, time.Duration) {
+	if err == nil {
+		return ClassSucceeded, 0
+	}
 	switch {
 	case errors.Is(err, ErrCancelled):
-		return classCancelled, 0
+		return ClassCancelled, 0
 	case errors.Is(err, errInterrupted):
-		return classInterrupted, 0
+		return ClassInterrupted, 0
 	}
 	var p interface{ Permanent() bool }
 	if errors.As(err, &p) && p.Permanent() {
-		return classPermanent, 0
+		return ClassPermanent, 0
 	}
 	var d interface{ RetryAfter() time.Duration }
 	if errors.As(err, &d) {
-		return classDelay, max(d.RetryAfter(), 0)
+		return ClassDelay, max(d.RetryAfter(), 0)
 	}
-	return classRetry, 0
+	return ClassRetry, 0
 }
 
 // backoff is the delay before the retry that follows attempt n (n ≥ 1):

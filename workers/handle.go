@@ -287,7 +287,7 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 			}
 		}
 	}
-	d.rec.Output = t.outputText()
+	d.rec.Output = t.Output()
 	w.log.Debug("attempt ended", "task_id", id, "attempt", attempt, "duration", time.Since(start), "err", err)
 	if holder != nil {
 		if ferr := holder.Finish(context.WithoutCancel(ctx), lease.OutcomeOf(err)); ferr != nil {
@@ -347,18 +347,18 @@ func (d *delivery) settle(ctx context.Context, t *Task, err error) {
 		return
 	}
 	d.rec.LastError = err.Error()
-	c, hint := classify(err)
+	c, hint := Classify(err)
 	switch c {
-	case classCancelled:
+	case ClassCancelled:
 		d.finishCancelled(ctx)
-	case classInterrupted:
+	case ClassInterrupted:
 		// Not at once: the stopping worker's pull requests may still be
 		// open on the server, and a message delivered to one of them would
 		// wait out the ack deadline.
 		d.delay(ctx, interruptedDelay, wire.TaskWaiting, err)
-	case classPermanent:
+	case ClassPermanent:
 		d.needsReview(ctx, err)
-	case classDelay:
+	case ClassDelay:
 		if hint <= 0 {
 			hint = d.pol.Delay
 		}
@@ -408,7 +408,7 @@ func (d *delivery) delay(ctx context.Context, wait time.Duration, state wire.Tas
 	// The next delivery reads Delays: the write must land before the nak.
 	d.write(ctx)
 	d.w.emitAsync(wire.Event{Type: wire.EventRetryScheduled, TaskID: d.rec.ID, ResourceID: d.rec.Resource,
-		Message: reason.Error(), Payload: audit.Payload(map[string]any{"attempt": d.rec.Attempts, "class": classDelay.String(),
+		Message: reason.Error(), Payload: audit.Payload(map[string]any{"attempt": d.rec.Attempts, "class": ClassDelay.String(),
 			"delay": wait.String(), "retry_at": at, "delays": d.rec.Delays})})
 	d.nak(wait)
 }

@@ -47,9 +47,49 @@ type Task struct {
 	// Deadline is when the attempt times out.
 	Deadline time.Time
 
-	cps     *tasks.CheckpointStore
+	cps     Checkpoints
 	touched atomic.Bool
 	output  atomic.Pointer[string]
+}
+
+// Checkpoints keeps a task's checkpoint and its operation keys: a
+// *tasks.CheckpointStore on the gantry_checkpoints bucket in a worker, an
+// in-memory one in workerstest.
+type Checkpoints interface {
+	Load(ctx context.Context, taskID string) (*wire.Checkpoint, error)
+	Save(ctx context.Context, taskID string, cp wire.Checkpoint) error
+	BeginOp(ctx context.Context, taskID, op string) (tasks.OpState, error)
+	FinishOp(ctx context.Context, taskID, op string) error
+	AbortOp(ctx context.Context, taskID, op string) error
+}
+
+// TaskOptions describes one attempt of a task for NewTask.
+type TaskOptions struct {
+	ID, Type, Queue string
+	// Attempt is the attempt's number, 1 for the first.
+	Attempt  int
+	Payload  json.RawMessage
+	Resource string
+	Deadline time.Time
+	// Checkpoints keeps the task's checkpoint and operation keys.
+	// Required.
+	Checkpoints Checkpoints
+}
+
+// NewTask returns one attempt of a task for running a Handler outside a
+// worker: what package workerstest does to test a handler without a
+// broker. A worker makes its own.
+func NewTask(o TaskOptions) *Task {
+	return &Task{ID: o.ID, Type: o.Type, Queue: o.Queue, Attempt: o.Attempt, Payload: o.Payload,
+		Resource: o.Resource, Deadline: o.Deadline, cps: o.Checkpoints}
+}
+
+// Output returns what the attempt kept with SetOutput.
+func (t *Task) Output() string {
+	if p := t.output.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // Checkpoint returns the task's last saved checkpoint, or nil.
@@ -98,13 +138,6 @@ func (t *Task) Once(ctx context.Context, op string, fn func(ctx context.Context)
 // SetOutput keeps s (its tail) as the output of this attempt, shown by
 // `gantry task get`.
 func (t *Task) SetOutput(s string) { t.output.Store(&s) }
-
-func (t *Task) outputText() string {
-	if p := t.output.Load(); p != nil {
-		return *p
-	}
-	return ""
-}
 
 // DecodeTask decodes a task message body. An empty body is a task with
 // every field unset; anything else must be a JSON object whose fields have

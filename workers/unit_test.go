@@ -38,19 +38,19 @@ func TestClassify(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		err   error
-		class class
+		class Class
 		delay time.Duration
 	}{
-		{errors.New("x"), classRetry, 0},
-		{Permanent(errors.New("x")), classPermanent, 0},
-		{fmt.Errorf("wrapped: %w", Permanent(errors.New("x"))), classPermanent, 0},
-		{RetryAfter(errors.New("x"), 3*time.Second), classDelay, 3 * time.Second},
-		{fmt.Errorf("%w: x", ErrCancelled), classCancelled, 0},
-		{fmt.Errorf("%w: x", errInterrupted), classInterrupted, 0},
+		{errors.New("x"), ClassRetry, 0},
+		{Permanent(errors.New("x")), ClassPermanent, 0},
+		{fmt.Errorf("wrapped: %w", Permanent(errors.New("x"))), ClassPermanent, 0},
+		{RetryAfter(errors.New("x"), 3*time.Second), ClassDelay, 3 * time.Second},
+		{fmt.Errorf("%w: x", ErrCancelled), ClassCancelled, 0},
+		{fmt.Errorf("%w: x", errInterrupted), ClassInterrupted, 0},
 	} {
-		c, d := classify(tc.err)
+		c, d := Classify(tc.err)
 		if c != tc.class || d != tc.delay {
-			t.Errorf("classify(%v) = %v, %v, want %v, %v", tc.err, c, d, tc.class, tc.delay)
+			t.Errorf("Classify(%v) = %v, %v, want %v, %v", tc.err, c, d, tc.class, tc.delay)
 		}
 	}
 }
