@@ -12,7 +12,7 @@ import (
 // day-of-month field for the last day of the month ("0 18 L * *").
 // github.com/netresearch/go-cron is the maintained fork of robfig/cron,
 // which panics on some input.
-var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor | cron.DomL)
+var cronParser = cron.MustNewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor | cron.DomL)
 
 // errCronZone refuses a time zone inside the expression: a job's zone is
 // its timezone field, which also applies to at and the windows.

@@ -759,8 +759,3 @@ func typeOfSubject(subject string) string {
 	}
 	return subject
 }
-
-func jsonString(v any) (string, error) {
-	b, err := json.Marshal(v)
-	return string(b), err
-}
