@@ -40,14 +40,18 @@ type KeeperConfig struct {
 // LEASE_EXPIRED event (several keepers on several machines publish the same
 // event id, which the audit stream keeps once) and reclaims resources left
 // LEASED, RUNNING or COOLDOWN whose lease is gone, at start and whenever a
-// lease ends. It is an actor: Run blocks, Stop ends it.
+// lease ends.
+//
+// It is an actor (lifecycle.Base): Run blocks until Stop or its context
+// ends, and runs once; Ready is closed once the config's resources are
+// registered and the first reclaim scan is done; Stop ends Run, and is
+// idempotent and safe before Run or after it returns.
 type Keeper struct {
+	lifecycle.Base
 	leases *Leases
 	res    *Resources
 	cfg    KeeperConfig
 	log    *slog.Logger
-	ready  chan struct{}
-	stop   lifecycle.Stop
 }
 
 // NewKeeper returns a keeper working through js.
@@ -73,40 +77,32 @@ func NewKeeper(js jetstream.JetStream, cfg KeeperConfig) (*Keeper, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new keeper: %w", err)
 	}
-	return &Keeper{
-		leases: res.Leases(), res: res, cfg: cfg, log: cfg.Logger,
-		ready: make(chan struct{}),
-	}, nil
+	return &Keeper{leases: res.Leases(), res: res, cfg: cfg, log: cfg.Logger}, nil
 }
-
-// Ready is closed once the config's resources are registered and the first
-// reclaim scan is done.
-func (k *Keeper) Ready() <-chan struct{} { return k.ready }
-
-// Stop ends Run. It is idempotent and safe before Run or after it returns.
-func (k *Keeper) Stop() { k.stop.Stop() }
 
 // Run registers the config's resources, reclaims what needs it, then
 // follows the lease bucket until Stop or ctx ends. It returns nil on a
-// clean stop.
+// clean stop, and lifecycle.ErrAlreadyRun when called again.
 func (k *Keeper) Run(ctx context.Context) error {
-	ctx, cancel := k.stop.Context(ctx)
-	defer cancel()
-	defer func() {
-		fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer fcancel()
-		if err := k.res.Flush(fctx); err != nil {
-			k.log.Warn("audit events not confirmed stored", "err", err)
+	return lifecycle.Run(ctx, &k.Base, func(_ context.Context, r *lifecycle.Runner) error {
+		ctx := r.StopContext()
+		defer func() {
+			fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			defer fcancel()
+			if err := k.res.Flush(fctx); err != nil {
+				k.log.Warn("audit events not confirmed stored", "err", err)
+			}
+		}()
+		err := k.run(ctx, r.MarkReady)
+		if ctx.Err() != nil {
+			return nil
 		}
-	}()
-	err := k.run(ctx)
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
+		return err
+	})
 }
 
-func (k *Keeper) run(ctx context.Context) error {
+// run is Run's body; it calls ready once the first scan is done.
+func (k *Keeper) run(ctx context.Context, ready func()) error {
 	for _, spec := range k.cfg.Resources {
 		res, err := k.res.Add(ctx, spec)
 		if err != nil {
@@ -138,7 +134,7 @@ func (k *Keeper) run(ctx context.Context) error {
 		}
 	}
 	k.scan(ctx)
-	close(k.ready)
+	ready()
 	t := k.cfg.Clock.NewTimer(k.cfg.ScanInterval)
 	defer t.Stop()
 	for {

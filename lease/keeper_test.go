@@ -12,6 +12,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
 	"github.com/gantry-dev/gantry/lease"
 )
 
@@ -60,17 +61,41 @@ func TestKeeperRegistersKeepingState(t *testing.T) {
 	}
 }
 
-func TestKeeperStopBeforeRun(t *testing.T) {
+func TestKeeperLifecycle(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
-	k, err := lease.NewKeeper(env.JS, lease.KeeperConfig{Audit: audit.NewEmitter(env.JS, "keeper", nil)})
-	if err != nil {
-		t.Fatal(err)
+	newKeeper := func(t testing.TB) *lease.Keeper {
+		k, err := lease.NewKeeper(env.JS, lease.KeeperConfig{
+			Audit: audit.NewEmitter(env.JS, "keeper", nil), Logger: env.Log, Resources: []lease.ResourceSpec{{ID: "cam1"}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
 	}
-	k.Stop()
-	if err := k.Run(context.Background()); err != nil {
-		t.Errorf("Run after Stop = %v, want nil", err)
-	}
+	t.Run("misuse", func(t *testing.T) {
+		lifecycletest.Misuse(t, func(t testing.TB) lifecycletest.Actor { return newKeeper(t) })
+	})
+	t.Run("failed start", func(t *testing.T) {
+		// A broker of its own: the resources bucket goes away between New
+		// and Run, so registering cam1 fails.
+		env := brokertest.Start(t)
+		k, err := lease.NewKeeper(env.JS, lease.KeeperConfig{
+			Audit: audit.NewEmitter(env.JS, "keeper", nil), Logger: env.Log, Resources: []lease.ResourceSpec{{ID: "cam1"}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := env.JS.DeleteKeyValue(context.Background(), wire.BucketResources); err != nil {
+			t.Fatal(err)
+		}
+		lifecycletest.FailedStart(t, k)
+	})
+}
+
+func TestNewKeeperRejects(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
 	if _, err := lease.NewKeeper(env.JS, lease.KeeperConfig{}); err == nil {
 		t.Error("NewKeeper without an audit emitter = nil error")
 	}
