@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -58,9 +57,14 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Healthd probes egress routes and keeps their health in gantry_routes. It
-// is an actor: Run blocks, Stop ends it.
+// Healthd probes egress routes and keeps their health in gantry_routes.
+//
+// It is an actor (lifecycle.Base): Run blocks until Stop or its context
+// ends, and runs once; Ready is closed once healthd has written every
+// route's initial state and answers reports and probe requests; Stop ends
+// Run, and is idempotent and safe before Run or after it returns.
 type Healthd struct {
+	lifecycle.Base
 	cfg    Config
 	policy policy
 	nc     *nats.Conn
@@ -70,16 +74,6 @@ type Healthd struct {
 
 	routes map[string]*route
 	store  *egress.Store
-
-	ready chan struct{}
-	stop  lifecycle.Stop
-	wg    sync.WaitGroup
-
-	// handlersMu guards closing: once Run has stopped, a probe request
-	// that arrives late starts no handler, so none runs past Run's end
-	// (nor calls wg.Add concurrently with its Wait).
-	handlersMu sync.Mutex
-	closing    bool
 }
 
 // route is one probed route, owned by its loop goroutine.
@@ -145,24 +139,21 @@ func New(cfg Config, nc *nats.Conn, js jetstream.JetStream) (*Healthd, error) {
 		audit:  audit.NewEmitter(js, "healthd", cfg.Clock),
 		log:    cfg.Logger.With("component", "healthd"),
 		routes: routes,
-		ready:  make(chan struct{}),
 	}, nil
 }
 
-// Ready is closed once healthd has written every route's initial state
-// and answers reports and probe requests.
-func (h *Healthd) Ready() <-chan struct{} { return h.ready }
-
-// Stop asks Run to return. It is idempotent and safe before Run or after
-// it returned.
-func (h *Healthd) Stop() { h.stop.Stop() }
-
 // Run loads the routes' state, probes each route on its interval and
 // answers reports and probe requests until Stop or ctx ends. It returns nil
-// on a clean stop.
+// on a clean stop, and lifecycle.ErrAlreadyRun when called again.
 func (h *Healthd) Run(ctx context.Context) error {
-	ctx, cancel := h.stop.Context(ctx)
-	defer cancel()
+	return lifecycle.Run(ctx, &h.Base, func(_ context.Context, lc *lifecycle.Runner) error {
+		return h.run(lc.StopContext(), lc)
+	})
+}
+
+// run is Run's body: its route loops and probe handlers run on lc, which
+// waits for them when run returns.
+func (h *Healthd) run(ctx context.Context, lc *lifecycle.Runner) error {
 	store, err := egress.NewStore(ctx, h.js)
 	if err != nil {
 		return h.stopped(ctx, err)
@@ -171,19 +162,14 @@ func (h *Healthd) Run(ctx context.Context) error {
 	if err := h.load(ctx); err != nil {
 		return h.stopped(ctx, err)
 	}
-	reports, err := h.nc.QueueSubscribe(wire.SubjectRouteReportAll, QueueGroup, h.onReport)
+	reports, err := h.nc.QueueSubscribe(wire.SubjectRouteReportAll, QueueGroup, func(m *nats.Msg) { h.onReport(ctx, m) })
 	if err != nil {
 		return fmt.Errorf("subscribe %s: %w", wire.SubjectRouteReportAll, err)
 	}
 	defer func() { _ = reports.Unsubscribe() }()
 	probes, err := h.nc.QueueSubscribe(wire.SubjectRouteProbe, QueueGroup, func(m *nats.Msg) {
-		if !h.startHandler() {
-			return
-		}
-		go func() {
-			defer h.wg.Done()
-			h.onProbe(ctx, m)
-		}()
+		// A request that arrives once run has returned starts nothing.
+		lc.Go(func() { h.onProbe(ctx, m) })
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe %s: %w", wire.SubjectRouteProbe, err)
@@ -193,34 +179,12 @@ func (h *Healthd) Run(ctx context.Context) error {
 		return fmt.Errorf("flush subscriptions: %w", err)
 	}
 	for _, r := range h.routes {
-		h.wg.Add(1)
-		go func() {
-			defer h.wg.Done()
-			h.loop(ctx, r)
-		}()
+		lc.Go(func() { h.loop(ctx, r) })
 	}
 	h.log.Info("healthd running", "routes", len(h.routes))
-	close(h.ready)
+	lc.MarkReady()
 	<-ctx.Done()
-	_ = probes.Unsubscribe()
-	_ = reports.Unsubscribe()
-	h.handlersMu.Lock()
-	h.closing = true
-	h.handlersMu.Unlock()
-	h.wg.Wait()
 	return nil
-}
-
-// startHandler counts a probe handler about to start in wg, unless Run is
-// stopping; it reports whether the handler may start.
-func (h *Healthd) startHandler() bool {
-	h.handlersMu.Lock()
-	defer h.handlersMu.Unlock()
-	if h.closing {
-		return false
-	}
-	h.wg.Add(1)
-	return true
 }
 
 // stopped turns an error seen while starting into nil when it is only the
@@ -369,8 +333,9 @@ func (h *Healthd) emit(ctx context.Context, ev wire.Event) {
 	}
 }
 
-// onReport hands a report of failed real traffic to its route's loop.
-func (h *Healthd) onReport(m *nats.Msg) {
+// onReport hands a report of failed real traffic to its route's loop,
+// unless ctx (Run stopping) is done.
+func (h *Healthd) onReport(ctx context.Context, m *nats.Msg) {
 	var rep wire.RouteReport
 	if err := json.Unmarshal(m.Data, &rep); err != nil {
 		h.log.Warn("route report rejected: not JSON", "subject", m.Subject, "err", err)
@@ -385,7 +350,7 @@ func (h *Healthd) onReport(m *nats.Msg) {
 	rep.Kind = cmp.Or(rep.Kind, wire.KindOther)
 	select {
 	case r.reports <- rep:
-	case <-h.stop.Done():
+	case <-ctx.Done():
 	default:
 		h.log.Warn("route report dropped: route busy", "route_id", id)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/config"
+	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
 	"github.com/gantry-dev/gantry/internal/proxytest"
 )
 
@@ -442,16 +443,26 @@ func TestRemovedRouteDisabled(t *testing.T) {
 	}
 }
 
-func TestStopBeforeRun(t *testing.T) {
+func TestLifecycle(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
-	h, err := New(Config{}, env.NC, env.JS)
-	if err != nil {
-		t.Fatal(err)
+	probeURL := site(t, http.StatusOK).URL
+	newHealthd := func(t testing.TB, env *brokertest.Env) *Healthd {
+		h, err := New(Config{Logger: env.Log, Routes: []config.Route{{ID: "r1", ProbeURL: probeURL}}}, env.NC, env.JS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
 	}
-	h.Stop()
-	h.Stop()
-	if err := h.Run(context.Background()); err != nil {
-		t.Errorf("Run after Stop = %v, want nil", err)
-	}
+	t.Run("misuse", func(t *testing.T) {
+		lifecycletest.Misuse(t, func(t testing.TB) lifecycletest.Actor { return newHealthd(t, env) })
+	})
+	t.Run("failed start", func(t *testing.T) {
+		// A broker of its own, without the routes bucket.
+		env := brokertest.Start(t)
+		if err := env.JS.DeleteKeyValue(context.Background(), wire.BucketRoutes); err != nil {
+			t.Fatal(err)
+		}
+		lifecycletest.FailedStart(t, newHealthd(t, env))
+	})
 }
