@@ -64,15 +64,22 @@ type Config struct {
 }
 
 // Service is the audit sink actor: ingest, query service and retention.
+//
+// It is an actor (lifecycle.Base): Run blocks until Stop or its context
+// ends, and runs once; Ready is closed once the store is open, the consumer
+// exists and the query service answers; Stop asks Run to finish the batch
+// in hand and return, and is idempotent and safe before Run or after it
+// returns.
 type Service struct {
+	lifecycle.Base
 	cfg Config
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	log *slog.Logger
 
-	store *Store
-	ready chan struct{}
-	stop  lifecycle.Stop
+	// store and stopping (closed by Stop) are set when Run starts.
+	store    *Store
+	stopping <-chan struct{}
 
 	stored, malformed, writeErrors, expired atomic.Uint64
 }
@@ -109,19 +116,8 @@ func New(cfg Config, nc *nats.Conn) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("auditd: jetstream: %w", err)
 	}
-	return &Service{
-		cfg: cfg, nc: nc, js: js, log: cfg.Logger,
-		ready: make(chan struct{}),
-	}, nil
+	return &Service{cfg: cfg, nc: nc, js: js, log: cfg.Logger}, nil
 }
-
-// Ready is closed once the store is open, the consumer exists and the
-// query service answers.
-func (s *Service) Ready() <-chan struct{} { return s.ready }
-
-// Stop asks Run to finish the batch in hand and return. It is idempotent
-// and safe before Run or after it returned.
-func (s *Service) Stop() { s.stop.Stop() }
 
 // Stats returns the sink's counters.
 func (s *Service) Stats() wire.AuditStats {
@@ -137,7 +133,14 @@ func (s *Service) Stats() wire.AuditStats {
 
 // Run opens the store, consumes the audit stream into it, answers the
 // query service and applies retention until Stop (clean, nil) or ctx ends.
+// It returns lifecycle.ErrAlreadyRun when called again.
 func (s *Service) Run(ctx context.Context) error {
+	return lifecycle.Run(ctx, &s.Base, s.run)
+}
+
+// run is Run's body.
+func (s *Service) run(ctx context.Context, lc *lifecycle.Runner) error {
+	s.stopping = lc.Stopping()
 	s.removeStaleBackups()
 	store, err := OpenStore(s.cfg.Dir, StoreOptions{Logger: s.log, FS: s.cfg.FS})
 	if err != nil {
@@ -164,7 +167,7 @@ func (s *Service) Run(ctx context.Context) error {
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		select {
 		case in <- m:
-		case <-s.stop.Done():
+		case <-s.stopping:
 		case <-ctx.Done():
 		}
 	}, jetstream.PullMaxMessages(s.cfg.BatchSize), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -183,7 +186,7 @@ func (s *Service) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); s.retentionLoop(rctx) }()
 	}
 
-	close(s.ready)
+	lc.MarkReady()
 	s.log.Info("audit store open", "dir", s.cfg.Dir, "retention", s.Stats().Retention)
 	return s.ingest(ctx, in)
 }
@@ -211,7 +214,7 @@ func (s *Service) consumer(ctx context.Context) (jetstream.Consumer, error) {
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("create consumer %s on %s: %w", s.cfg.Consumer, wire.StreamAudit, err)
-		case <-s.stop.Done():
+		case <-s.stopping:
 			return nil, nil
 		case <-time.After(time.Second):
 		}
@@ -226,7 +229,7 @@ func (s *Service) ingest(ctx context.Context, in <-chan jetstream.Msg) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-s.stop.Done():
+		case <-s.stopping:
 			// Write what has arrived; the rest stays unacknowledged and
 			// is redelivered to the next run.
 			if batch = fill(in, batch); len(batch) > 0 {
@@ -302,7 +305,7 @@ func (s *Service) pause(ctx context.Context, d time.Duration) bool {
 	select {
 	case <-ctx.Done():
 		return false
-	case <-s.stop.Done():
+	case <-s.stopping:
 		return false
 	case <-t.C():
 		return true

@@ -20,6 +20,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
 )
 
 // startService runs a sink on env until the test ends and waits until it is
@@ -502,6 +503,32 @@ func TestNewValidates(t *testing.T) {
 	if err := s.Run(context.Background()); err != nil {
 		t.Errorf("Run after Stop = %v, want nil", err)
 	}
+}
+
+func TestLifecycle(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	t.Run("misuse", func(t *testing.T) {
+		lifecycletest.Misuse(t, func(t testing.TB) lifecycletest.Actor {
+			s, err := New(Config{Dir: filepath.Join(t.TempDir(), "audit"), Logger: env.Log}, env.NC)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		})
+	})
+	t.Run("failed start", func(t *testing.T) {
+		// The store's directory is a file: the store cannot open.
+		dir := filepath.Join(t.TempDir(), "audit")
+		if err := os.WriteFile(dir, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s, err := New(Config{Dir: dir, Logger: env.Log}, env.NC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lifecycletest.FailedStart(t, s)
+	})
 }
 
 func TestStopWhileWaitingForTheStream(t *testing.T) {

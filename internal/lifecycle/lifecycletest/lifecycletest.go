@@ -122,6 +122,7 @@ func FailedStart(t *testing.T, a Actor) error {
 	if err == nil {
 		t.Fatal("Run = nil, want the error of the failed start")
 	}
+	t.Logf("failed start: Run = %v", err)
 	select {
 	case <-a.Ready():
 		t.Error("Ready closed by a failed start, want it open")
