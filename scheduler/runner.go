@@ -113,9 +113,12 @@ type runner struct {
 	reconciled  chan []wire.TaskInfo
 	reconciling bool
 	elector     sync.WaitGroup
+
+	// stopping is closed by the scheduler's Stop.
+	stopping <-chan struct{}
 }
 
-func (s *Scheduler) newRunner(ctx context.Context) (*runner, error) {
+func (s *Scheduler) newRunner(ctx context.Context, stopping <-chan struct{}) (*runner, error) {
 	jobStore, err := jobs.NewStore(ctx, s.js)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
@@ -138,6 +141,7 @@ func (s *Scheduler) newRunner(ctx context.Context) (*runner, error) {
 		triggers:   make(chan triggerReq),
 		done:       make(chan struct{}),
 		reconciled: make(chan []wire.TaskInfo),
+		stopping:   stopping,
 	}
 	if b, err := s.js.KeyValue(ctx, wire.BucketTasks); err == nil {
 		r.tasks = b
@@ -204,7 +208,7 @@ func (r *runner) loop(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-r.s.stop.Done():
+		case <-r.stopping:
 			return nil
 		case e, ok := <-r.watch.Updates():
 			if !ok {

@@ -58,7 +58,14 @@ type Config struct {
 // Scheduler fires the jobs of gantry_jobs as tasks. Any number may run; the
 // one holding the leader lease fires, the others stand by with the jobs
 // loaded, ready to take over.
+//
+// It is an actor (lifecycle.Base): Run blocks until Stop or its context
+// ends, and runs once; Ready is closed once the scheduler has applied the
+// config's jobs and loaded every job of the bucket; Stop asks Run to
+// resign leadership and return, and is idempotent and safe before Run or
+// after it returns.
 type Scheduler struct {
+	lifecycle.Base
 	cfg   Config
 	js    jetstream.JetStream
 	log   *slog.Logger
@@ -66,9 +73,6 @@ type Scheduler struct {
 	audit *audit.Emitter
 	host  string
 
-	stop    lifecycle.Stop
-	ready   chan struct{}
-	running atomic.Bool
 	leading atomic.Bool
 	term    atomic.Uint64
 	// validUntil (unix ns, real time) is when the leader lease lapses
@@ -118,45 +122,29 @@ func New(cfg Config, js jetstream.JetStream) (*Scheduler, error) {
 		clock: cfg.Clock,
 		audit: audit.NewEmitter(js, "scheduler", cfg.Clock),
 		host:  host,
-		ready: make(chan struct{}),
 	}, nil
 }
 
 // ID returns the scheduler's id, as written in the leader key.
 func (s *Scheduler) ID() string { return s.cfg.ID }
 
-// Ready is closed once the scheduler has applied the config's jobs and
-// loaded every job of the bucket.
-func (s *Scheduler) Ready() <-chan struct{} { return s.ready }
-
 // Leading reports whether the scheduler holds the leader lease, and its
 // fencing term.
 func (s *Scheduler) Leading() (bool, uint64) { return s.leading.Load(), s.term.Load() }
 
-// Stop asks Run to resign leadership and return. It is idempotent and safe
-// before Run or after it has returned.
-func (s *Scheduler) Stop() { s.stop.Stop() }
-
 // Run watches the jobs, takes part in the leader election and, while it
-// leads, fires jobs. It returns nil after Stop or when ctx ends.
+// leads, fires jobs. It returns nil after Stop or when ctx ends, and
+// lifecycle.ErrAlreadyRun when called again.
 func (s *Scheduler) Run(ctx context.Context) error {
-	if !s.running.CompareAndSwap(false, true) {
-		return errors.New("scheduler: Run called twice")
-	}
-	select {
-	case <-s.stop.Done():
-		return nil
-	default:
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	r, err := s.newRunner(ctx)
-	if err != nil {
-		return err
-	}
-	if err := r.start(ctx); err != nil {
-		return err
-	}
-	close(s.ready)
-	return r.loop(ctx)
+	return lifecycle.Run(ctx, &s.Base, func(ctx context.Context, lc *lifecycle.Runner) error {
+		r, err := s.newRunner(ctx, lc.Stopping())
+		if err != nil {
+			return err
+		}
+		if err := r.start(ctx); err != nil {
+			return err
+		}
+		lc.MarkReady()
+		return r.loop(ctx)
+	})
 }

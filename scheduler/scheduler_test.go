@@ -12,6 +12,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
 	"github.com/gantry-dev/gantry/jobs"
 )
 
@@ -409,18 +410,32 @@ func TestBadJobIsRejectedAndAudited(t *testing.T) {
 	}
 }
 
-func TestStopBeforeRunAndTwice(t *testing.T) {
+func TestLifecycle(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
-	s, err := New(Config{}, env.JS)
-	if err != nil {
-		t.Fatal(err)
+	newScheduler := func(t testing.TB, env *brokertest.Env) *Scheduler {
+		s, err := New(Config{Logger: env.Log, LeaderTTL: time.Second}, env.JS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
 	}
-	s.Stop()
-	s.Stop()
-	if err := s.Run(context.Background()); err != nil {
-		t.Errorf("Run after Stop = %v, want nil", err)
-	}
+	t.Run("misuse", func(t *testing.T) {
+		lifecycletest.Misuse(t, func(t testing.TB) lifecycletest.Actor { return newScheduler(t, env) })
+	})
+	t.Run("failed start", func(t *testing.T) {
+		// A broker of its own, without the jobs bucket.
+		env := brokertest.Start(t)
+		if err := env.JS.DeleteKeyValue(context.Background(), wire.BucketJobs); err != nil {
+			t.Fatal(err)
+		}
+		lifecycletest.FailedStart(t, newScheduler(t, env))
+	})
+}
+
+func TestNewRejectsFractionalTTL(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
 	if _, err := New(Config{LeaderTTL: 1500 * time.Millisecond}, env.JS); err == nil {
 		t.Error("New with a TTL of 1.5s = nil error, want one")
 	}
