@@ -237,8 +237,13 @@ func (s *sorter) receive(m jetstream.Msg) {
 }
 
 // stop drains the consumer, so that every delivery reaches run, then stops
-// run, which hands the held tasks back. It returns once run has.
+// run, which hands the held tasks back. It returns once run has. It does
+// nothing for a sorter that did not start (no consumer, no run), and
+// nothing more when called again.
 func (s *sorter) stop() {
+	if s.cc == nil {
+		return
+	}
 	s.stopOnce.Do(func() {
 		select {
 		case <-s.lost:

@@ -21,7 +21,13 @@ import (
 )
 
 // Workers consumes the task queues of one process and runs their tasks.
+//
+// It is an actor (lifecycle.Base): Run blocks until Stop or its context
+// ends, and runs once; Ready is closed once every consumer is consuming;
+// Stop asks Run to stop taking tasks and to return once the running tasks
+// have ended, and is idempotent and safe before Run or after it returns.
 type Workers struct {
+	lifecycle.Base
 	cfg   Config
 	nc    *nats.Conn
 	js    jetstream.JetStream
@@ -35,8 +41,11 @@ type Workers struct {
 	hmu      sync.RWMutex
 	handlers map[string]Handler
 
-	rmu     sync.Mutex
-	running map[string]context.CancelCauseFunc
+	// rmu guards running and interrupting: once interruptAll has run, a
+	// task that starts is interrupted at once.
+	rmu          sync.Mutex
+	running      map[string]context.CancelCauseFunc
+	interrupting bool
 
 	// cmu guards closing and the Add side of inflight.
 	cmu      sync.Mutex
@@ -58,9 +67,6 @@ type Workers struct {
 	// quit is closed when Run returns: the pipeline flushes and stops,
 	// idle runners leave.
 	quit chan struct{}
-
-	ready chan struct{}
-	stop  lifecycle.Stop
 }
 
 // job is one delivered message for a runner.
@@ -112,7 +118,6 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		running:  map[string]context.CancelCauseFunc{},
 		idle:     make(chan job),
 		quit:     make(chan struct{}),
-		ready:    make(chan struct{}),
 	}
 	w.consumers = w.specs()
 	w.sorters = map[string]*sorter{}
@@ -149,13 +154,6 @@ func (w *Workers) handler(typ string) Handler {
 	}
 	return HandlerFunc(w.runRemote)
 }
-
-// Ready is closed once every consumer is consuming.
-func (w *Workers) Ready() <-chan struct{} { return w.ready }
-
-// Stop asks Run to stop taking tasks and to return once the running tasks
-// have ended. It is idempotent and safe before Run or after it returns.
-func (w *Workers) Stop() { w.stop.Stop() }
 
 // specs lists the consumers of the configuration.
 func (w *Workers) specs() []*spec {
@@ -224,13 +222,16 @@ func (w *Workers) consumerConfig(sp *spec) jetstream.ConsumerConfig {
 // Run opens the stores, creates the consumers and runs tasks until Stop
 // (running tasks get Config.DrainTimeout to finish) or ctx ends; tasks
 // still running then are interrupted and handed back to the broker. It
-// returns nil on a clean stop.
+// returns nil on a clean stop, and lifecycle.ErrAlreadyRun when called
+// again. A start that fails once some consumers consume stops them,
+// interrupts the tasks they delivered and waits for those before it
+// returns its error.
 func (w *Workers) Run(ctx context.Context) error {
-	select {
-	case <-w.stop.Done():
-		return nil
-	default:
-	}
+	return lifecycle.Run(ctx, &w.Base, w.run)
+}
+
+// run is Run's body.
+func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 	var err error
 	if w.tasks, err = tasks.NewStore(ctx, w.js, tasks.StoreConfig{Retention: w.cfg.TaskRetention}); err != nil {
 		return err
@@ -254,14 +255,12 @@ func (w *Workers) Run(ctx context.Context) error {
 		defer close(checked)
 		w.pipe.run(w.quit, flushTimeout)
 	}()
-	drained := false
 	defer func() {
 		close(w.quit)
 		<-checked
-		if drained {
-			// No task is running: the idle runners leave on quit.
-			w.runners.Wait()
-		}
+		// No task is running (stopTaking waited for them): the idle
+		// runners leave on quit.
+		w.runners.Wait()
 	}()
 
 	cancelSub, err := w.nc.Subscribe(wire.SubjectTaskCancel, w.cancelRunning)
@@ -270,12 +269,33 @@ func (w *Workers) Run(ctx context.Context) error {
 	}
 	defer func() { _ = cancelSub.Unsubscribe() }()
 
+	// The consumers and sorters started so far; stopTaking stops them and
+	// waits for the tasks they delivered, on a failed start or a stop.
 	var ccs []jetstream.ConsumeContext
-	defer func() {
+	var sorting sync.WaitGroup
+	stopped := false
+	stopTaking := func(grace time.Duration) {
+		if stopped {
+			return
+		}
+		stopped = true
+		w.cmu.Lock()
+		w.closing = true
+		w.cmu.Unlock()
 		for _, cc := range ccs {
 			cc.Stop()
 		}
-	}()
+		for _, s := range w.sorters {
+			s.stop()
+		}
+		sorting.Wait()
+		w.waitTasks(ctx, grace)
+		if err := w.flush(context.WithoutCancel(ctx)); err != nil {
+			w.log.Warn("flush on stop", "err", err)
+		}
+	}
+	// A failed start interrupts the tasks at once.
+	defer stopTaking(0)
 	if err := w.prepareConsumers(ctx, stream); err != nil {
 		return err
 	}
@@ -311,16 +331,6 @@ func (w *Workers) Run(ctx context.Context) error {
 	}
 	// The sorters start once their lanes are consumed: they read the
 	// lanes' pending counts.
-	var sorting sync.WaitGroup
-	stopSorting := sync.OnceFunc(func() {
-		for _, s := range w.sorters {
-			if s.cc != nil {
-				s.stop()
-			}
-		}
-		sorting.Wait()
-	})
-	defer stopSorting()
 	for _, s := range w.sorters {
 		if err := s.start(ctx); err != nil {
 			return err
@@ -328,25 +338,26 @@ func (w *Workers) Run(ctx context.Context) error {
 		sorting.Go(func() { s.run(ctx) })
 		w.log.Info("sorting by priority", "consumer", s.name, "queue", s.queue.Name, "window", s.queue.PriorityWindow)
 	}
-	close(w.ready)
+	lc.MarkReady()
 
 	select {
-	case <-w.stop.Done():
+	case <-lc.Stopping():
 	case <-ctx.Done():
 	}
-	w.cmu.Lock()
-	w.closing = true
-	w.cmu.Unlock()
-	for _, cc := range ccs {
-		cc.Stop()
-	}
-	stopSorting()
+	stopTaking(w.cfg.DrainTimeout)
+	return nil
+}
+
+// waitTasks waits for the running tasks to end; once grace has passed, or
+// when ctx ends, it interrupts them (they go back to the broker) and waits
+// for that.
+func (w *Workers) waitTasks(ctx context.Context, grace time.Duration) {
 	done := make(chan struct{})
 	go func() {
 		w.inflight.Wait()
 		close(done)
 	}()
-	drain := time.NewTimer(w.cfg.DrainTimeout)
+	drain := time.NewTimer(grace)
 	defer drain.Stop()
 	select {
 	case <-done:
@@ -357,11 +368,6 @@ func (w *Workers) Run(ctx context.Context) error {
 		w.interruptAll()
 		<-done
 	}
-	drained = true
-	if err := w.flush(context.WithoutCancel(ctx)); err != nil {
-		w.log.Warn("flush on stop", "err", err)
-	}
-	return nil
 }
 
 // prepareConsumers removes the consumers a queue had under other settings: when a queue becomes
@@ -497,19 +503,24 @@ func (w *Workers) cancelHeld(m *nats.Msg, id string) {
 	}
 }
 
+// interruptAll interrupts the running tasks, and those that start after.
 func (w *Workers) interruptAll() {
 	w.rmu.Lock()
 	defer w.rmu.Unlock()
+	w.interrupting = true
 	for _, cancel := range w.running {
 		cancel(errInterrupted)
 	}
 }
 
-// track registers a running task for cancellation; the returned function
-// unregisters it.
+// track registers a running task for cancellation (interrupting it at once
+// if interruptAll has run); the returned function unregisters it.
 func (w *Workers) track(id string, cancel context.CancelCauseFunc) func() {
 	w.rmu.Lock()
 	w.running[id] = cancel
+	if w.interrupting {
+		cancel(errInterrupted)
+	}
 	w.rmu.Unlock()
 	return func() {
 		w.rmu.Lock()
