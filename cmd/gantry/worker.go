@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -16,6 +17,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/egress"
 	"github.com/gantry-dev/gantry/internal/config"
+	"github.com/gantry-dev/gantry/internal/lifecycle"
 	"github.com/gantry-dev/gantry/tasks"
 	"github.com/gantry-dev/gantry/workers"
 )
@@ -194,9 +196,14 @@ type workerActor struct {
 	picker *egress.Picker
 }
 
+// Run runs the workers, then closes the picker; a second Run
+// (lifecycle.ErrAlreadyRun) leaves it to the first.
 func (a *workerActor) Run(ctx context.Context) error {
-	defer a.picker.Close()
-	return a.w.Run(ctx)
+	err := a.w.Run(ctx)
+	if !errors.Is(err, lifecycle.ErrAlreadyRun) {
+		a.picker.Close()
+	}
+	return err
 }
 
 func (a *workerActor) Stop()                  { a.w.Stop() }
