@@ -15,6 +15,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/gantry-dev/gantry/internal/lifecycle"
 )
 
 // SyncPolicy says when JetStream flushes stored messages to disk.
@@ -76,15 +78,21 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Broker is an embedded NATS server with JetStream.
+// Broker is an embedded NATS server with JetStream. It starts once: Start
+// starts it, Shutdown stops it and waits, from any goroutine, any number of
+// times; a Shutdown before Start does nothing.
 type Broker struct {
 	cfg          Config
 	log          *slog.Logger
-	srv          *server.Server
 	host         string
 	port         int
 	internalUser User
 
+	// mu guards started and srv: Start claims the broker and sets srv
+	// under it, so a Shutdown during Start finds the server.
+	mu           sync.Mutex
+	started      bool
+	srv          *server.Server
 	shutdownOnce sync.Once
 }
 
@@ -157,7 +165,8 @@ func randomSecret() string {
 
 // Start starts the server, waits until it accepts clients and JetStream is
 // ready, and provisions every stream and bucket. On error the server is shut
-// down.
+// down. A broker starts once: a second Start, even after a failed one or a
+// Shutdown, returns lifecycle.ErrAlreadyRun.
 func (b *Broker) Start(ctx context.Context) error {
 	opts := &server.Options{
 		ServerName:             b.cfg.ServerName,
@@ -177,12 +186,10 @@ func (b *Broker) Start(ctx context.Context) error {
 			opts.Users = append(opts.Users, &server.User{Username: u.Name, Password: u.Password})
 		}
 	}
-	srv, err := server.NewServer(opts)
+	srv, err := b.newServer(opts)
 	if err != nil {
-		return fmt.Errorf("create server: %w", err)
+		return err
 	}
-	srv.SetLogger(&logAdapter{log: b.log}, false, false)
-	b.srv = srv
 	go srv.Start()
 	if !srv.ReadyForConnections(b.cfg.ReadyTimeout) {
 		b.Shutdown()
@@ -202,21 +209,47 @@ func (b *Broker) Start(ctx context.Context) error {
 	return nil
 }
 
+// newServer claims the broker for its one start and creates its server.
+func (b *Broker) newServer(opts *server.Options) (*server.Server, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.started {
+		return nil, fmt.Errorf("broker: start: %w", lifecycle.ErrAlreadyRun)
+	}
+	b.started = true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("create server: %w", err)
+	}
+	srv.SetLogger(&logAdapter{log: b.log}, false, false)
+	b.srv = srv
+	return srv, nil
+}
+
+// server returns the server Start created, or nil.
+func (b *Broker) server() *server.Server {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.srv
+}
+
 // ClientURL is the URL remote clients connect to, or "" when not listening.
 func (b *Broker) ClientURL() string {
-	if b.srv == nil || b.cfg.DontListen {
+	srv := b.server()
+	if srv == nil || b.cfg.DontListen {
 		return ""
 	}
-	return b.srv.ClientURL()
+	return srv.ClientURL()
 }
 
 // Connect opens an in-process client connection to the broker, with the
 // internal credentials when authentication is configured.
 func (b *Broker) Connect(name string, opts ...nats.Option) (*nats.Conn, error) {
-	if b.srv == nil {
+	srv := b.server()
+	if srv == nil {
 		return nil, errors.New("broker not started")
 	}
-	base := []nats.Option{nats.Name(name), nats.InProcessServer(b.srv), nats.MaxReconnects(-1)}
+	base := []nats.Option{nats.Name(name), nats.InProcessServer(srv), nats.MaxReconnects(-1)}
 	if b.internalUser.Name != "" {
 		base = append(base, nats.UserInfo(b.internalUser.Name, b.internalUser.Password))
 	}
@@ -227,15 +260,18 @@ func (b *Broker) Connect(name string, opts ...nats.Option) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// Shutdown stops the server and waits for it to finish. It is idempotent
-// and safe before Start.
+// Shutdown stops the server and waits for it to finish; every call, from
+// any goroutine, returns once the server has stopped. Before Start it does
+// nothing, and a later Start and Shutdown start and stop the server as
+// usual.
 func (b *Broker) Shutdown() {
+	srv := b.server()
+	if srv == nil {
+		return
+	}
 	b.shutdownOnce.Do(func() {
-		if b.srv == nil {
-			return
-		}
-		b.srv.Shutdown()
-		b.srv.WaitForShutdown()
+		srv.Shutdown()
+		srv.WaitForShutdown()
 		b.log.Info("broker stopped")
 	})
 }

@@ -6,9 +6,10 @@ import (
 	"sync"
 )
 
-// ErrAlreadyRun is returned by a second call of an actor's Run, whether the
-// first is still running or has returned: an actor runs once.
-var ErrAlreadyRun = errors.New("actor already run: an actor runs once, make a new one to run again")
+// ErrAlreadyRun is returned by a second call of an actor's Run (or of the
+// broker's Start), whether the first is still running or has returned: it
+// runs once.
+var ErrAlreadyRun = errors.New("already run: it runs once; make a new one to run again")
 
 // Base is the lifecycle state of one actor, embedded in the component: it
 // provides Stop and Ready, and Run guards the component's run with it. The
