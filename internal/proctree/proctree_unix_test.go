@@ -1,0 +1,354 @@
+//go:build unix
+
+package proctree
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gantry-dev/gantry/internal/check"
+)
+
+// alive reports whether pid is a live process: not gone, not a zombie.
+func alive(pid int) bool {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		return false
+	}
+	if !fileExists("/proc/self/stat") {
+		// No /proc (macOS, the BSDs): kill(2) said it is there.
+		return true
+	}
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// The state follows the ") " that ends the command name.
+	i := bytes.LastIndex(stat, []byte(") "))
+	return i < 0 || stat[i+2] != 'Z'
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// waitDead waits until every pid is gone, and kills those that are not.
+func waitDead(t *testing.T, pids ...int) {
+	t.Helper()
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			if alive(pid) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	check.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+		for _, pid := range pids {
+			if alive(pid) {
+				return fmt.Errorf("process %d is alive, want the whole tree gone", pid)
+			}
+		}
+		return nil
+	})
+}
+
+// readPids waits until path holds n pids, one a line, and returns them.
+func readPids(t *testing.T, path string, n int) []int {
+	t.Helper()
+	var pids []int
+	check.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+		data, _ := os.ReadFile(path)
+		pids = pids[:0]
+		for _, f := range strings.Fields(string(data)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil {
+				return fmt.Errorf("%s: %v", path, err)
+			}
+			pids = append(pids, pid)
+		}
+		if len(pids) < n {
+			return fmt.Errorf("%s holds %d pids, want %d", path, len(pids), n)
+		}
+		return nil
+	})
+	return pids
+}
+
+// waitFile waits until path exists.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	check.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if !fileExists(path) {
+			return fmt.Errorf("%s not created", path)
+		}
+		return nil
+	})
+}
+
+// start starts cmd as a tree, killed and waited for if the test leaves it.
+func start(t *testing.T, cmd *exec.Cmd) *Tree {
+	t.Helper()
+	tree, err := Start(cmd)
+	if err != nil {
+		t.Fatalf("Start = %v", err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = tree.Kill()
+			_ = tree.Wait()
+		}
+	})
+	return tree
+}
+
+// wait waits for tree with a deadline and returns Wait's error.
+func wait(t *testing.T, tree *Tree) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- tree.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("Wait did not return within 20s")
+		return nil
+	}
+}
+
+// treeScript runs a child shell that runs a grandchild sleep; the root,
+// the child and the grandchild write their pids to $PIDS.
+const treeScript = `echo $$ >> "$PIDS"
+sh -c 'echo $$ >> "$PIDS"; sleep 300 & echo $! >> "$PIDS"; wait' &
+wait`
+
+// graceScript runs a child shell; on signal $SIG the child touches $MARK
+// and exits 0, and the root waits for it and exits 42. The child touches
+// $READY once both have set their traps.
+const graceScript = `trap 'wait; exit 42' "$SIG"
+sh -c 'trap "touch \"\$MARK\"; exit 0" "$SIG"; touch "$READY"; while :; do sleep 0.05; done' &
+while :; do sleep 0.05; done`
+
+// shell returns sh -c script with env added to the environment.
+func shell(ctx context.Context, script string, env ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, "sh", "-c", script)
+	cmd.Env = append(os.Environ(), env...)
+	return cmd
+}
+
+func TestKillKillsTree(t *testing.T) {
+	t.Parallel()
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	cmd := shell(context.Background(), treeScript, "PIDS="+pidFile)
+	tree := start(t, cmd)
+	pids := readPids(t, pidFile, 3)
+	if err := tree.Kill(); err != nil {
+		t.Fatalf("Kill = %v, want nil", err)
+	}
+	var ee *exec.ExitError
+	if err := wait(t, tree); !errors.As(err, &ee) {
+		t.Fatalf("Wait = %v, want an *exec.ExitError", err)
+	}
+	if got := ExitStatus(cmd.ProcessState); got != 128+int(syscall.SIGKILL) {
+		t.Errorf("ExitStatus = %d, want %d", got, 128+int(syscall.SIGKILL))
+	}
+	waitDead(t, pids...)
+	if err := tree.Kill(); !errors.Is(err, os.ErrProcessDone) {
+		t.Errorf("Kill after Wait = %v, want os.ErrProcessDone", err)
+	}
+	if err := tree.Signal(syscall.SIGTERM); !errors.Is(err, os.ErrProcessDone) {
+		t.Errorf("Signal after Wait = %v, want os.ErrProcessDone", err)
+	}
+}
+
+func TestSignalReachesTree(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	mark, ready := filepath.Join(dir, "mark"), filepath.Join(dir, "ready")
+	cmd := shell(context.Background(), graceScript, "SIG=USR1", "MARK="+mark, "READY="+ready)
+	tree := start(t, cmd)
+	waitFile(t, ready)
+	if err := tree.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatalf("Signal = %v, want nil", err)
+	}
+	_ = wait(t, tree)
+	if got := ExitStatus(cmd.ProcessState); got != 42 {
+		t.Errorf("ExitStatus = %d, want the trap's 42", got)
+	}
+	if !fileExists(mark) {
+		t.Error("the child did not get the signal")
+	}
+}
+
+func TestCancelTerminatesTree(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	mark, ready := filepath.Join(dir, "mark"), filepath.Join(dir, "ready")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := shell(ctx, graceScript, "SIG=TERM", "MARK="+mark, "READY="+ready)
+	const grace = time.Minute
+	cmd.WaitDelay = grace
+	tree := start(t, cmd)
+	waitFile(t, ready)
+	began := time.Now()
+	cancel()
+	_ = wait(t, tree)
+	if took := time.Since(began); took >= grace {
+		t.Errorf("Wait after cancel took %v, want the tree to stop on SIGTERM before the %v grace", took, grace)
+	}
+	if got := ExitStatus(cmd.ProcessState); got != 42 {
+		t.Errorf("ExitStatus = %d, want the trap's 42", got)
+	}
+	if !fileExists(mark) {
+		t.Error("the child did not get SIGTERM")
+	}
+}
+
+func TestCancelKillsAfterGrace(t *testing.T) {
+	t.Parallel()
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// SIGTERM is ignored by the root and, inherited, by the child.
+	cmd := shell(ctx, `trap '' TERM; `+treeScript, "PIDS="+pidFile)
+	const grace = 300 * time.Millisecond
+	cmd.WaitDelay = grace
+	tree := start(t, cmd)
+	pids := readPids(t, pidFile, 3)
+	began := time.Now()
+	cancel()
+	_ = wait(t, tree)
+	if took := time.Since(began); took < grace {
+		t.Errorf("Wait after cancel took %v, want the %v grace before the kill", took, grace)
+	}
+	if got := ExitStatus(cmd.ProcessState); got != 128+int(syscall.SIGKILL) {
+		t.Errorf("ExitStatus = %d, want %d", got, 128+int(syscall.SIGKILL))
+	}
+	waitDead(t, pids...)
+}
+
+func TestCancelWithoutWaitDelayKills(t *testing.T) {
+	t.Parallel()
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := shell(ctx, `trap '' TERM; `+treeScript, "PIDS="+pidFile)
+	tree := start(t, cmd)
+	pids := readPids(t, pidFile, 3)
+	cancel()
+	_ = wait(t, tree)
+	if got := ExitStatus(cmd.ProcessState); got != 128+int(syscall.SIGKILL) {
+		t.Errorf("ExitStatus = %d, want %d", got, 128+int(syscall.SIGKILL))
+	}
+	waitDead(t, pids...)
+}
+
+func TestExitStatus(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		script string
+		want   int
+	}{
+		{"exit 0", 0},
+		{"exit 3", 3},
+		{"kill -KILL $$", 128 + int(syscall.SIGKILL)},
+		{"kill -TERM $$", 128 + int(syscall.SIGTERM)},
+	} {
+		t.Run(tc.script, func(t *testing.T) {
+			t.Parallel()
+			cmd := shell(context.Background(), tc.script)
+			err := wait(t, start(t, cmd))
+			var ee *exec.ExitError
+			if (tc.want == 0) != (err == nil) || (err != nil && !errors.As(err, &ee)) {
+				t.Errorf("Wait = %v, want nil for status 0 and an *exec.ExitError otherwise", err)
+			}
+			if got := ExitStatus(cmd.ProcessState); got != tc.want {
+				t.Errorf("ExitStatus = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestWaitKillsLeftovers(t *testing.T) {
+	t.Parallel()
+	// The background sleep holds stdout, a pipe: Wait returns when the
+	// shell exits all the same, and the sleep is killed.
+	cmd := shell(context.Background(), `sleep 300 & echo $!`)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := wait(t, start(t, cmd)); err != nil {
+		t.Fatalf("Wait = %v, want nil", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out.String()))
+	if err != nil {
+		t.Fatalf("output = %q, want the background pid", out.String())
+	}
+	waitDead(t, pid)
+}
+
+func TestStreams(t *testing.T) {
+	t.Parallel()
+	t.Run("shared stdout and stderr", func(t *testing.T) {
+		t.Parallel()
+		cmd := shell(context.Background(), `echo out; echo err >&2; echo out`)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := wait(t, start(t, cmd)); err != nil {
+			t.Fatalf("Wait = %v, want nil", err)
+		}
+		if got, want := out.String(), "out\nerr\nout\n"; got != want {
+			t.Errorf("output = %q, want %q", got, want)
+		}
+	})
+	t.Run("separate stdout and stderr", func(t *testing.T) {
+		t.Parallel()
+		cmd := shell(context.Background(), `echo out; echo err >&2`)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := wait(t, start(t, cmd)); err != nil {
+			t.Fatalf("Wait = %v, want nil", err)
+		}
+		if stdout.String() != "out\n" || stderr.String() != "err\n" {
+			t.Errorf("stdout, stderr = %q, %q, want %q, %q", stdout.String(), stderr.String(), "out\n", "err\n")
+		}
+	})
+	t.Run("stdin", func(t *testing.T) {
+		t.Parallel()
+		cmd := exec.Command("cat")
+		var out bytes.Buffer
+		cmd.Stdin, cmd.Stdout = strings.NewReader("hello\n"), &out
+		if err := wait(t, start(t, cmd)); err != nil {
+			t.Fatalf("Wait = %v, want nil", err)
+		}
+		if got := out.String(); got != "hello\n" {
+			t.Errorf("output = %q, want %q", got, "hello\n")
+		}
+	})
+	t.Run("stdin not read", func(t *testing.T) {
+		t.Parallel()
+		cmd := exec.Command("true")
+		cmd.Stdin = bytes.NewReader(make([]byte, 1<<20))
+		if err := wait(t, start(t, cmd)); err != nil {
+			t.Errorf("Wait = %v, want nil: input the command did not read is not an error", err)
+		}
+	})
+}
+
+func TestStartRefusesSysProcAttr(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("true")
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	if _, err := Start(cmd); err == nil || cmd.Process != nil {
+		t.Errorf("Start with SysProcAttr set = %v, want an error and no process", err)
+	}
+}
