@@ -57,8 +57,9 @@ type Config struct {
 	// attempt. Defaults to 4 KiB.
 	OutputTail int
 	// KillGrace is how long an exec'd process tree has between SIGTERM and
-	// SIGKILL on timeout or cancel. Defaults to 2 s, so that a stopping
-	// process ends within its 10 s.
+	// SIGKILL on timeout or cancel, and how long the output of a process
+	// that escaped the tree is read after the task's process exits.
+	// Defaults to 2 s, so that a stopping process ends within its 10 s.
 	KillGrace time.Duration
 	// DrainTimeout is how long running tasks may take to finish after Stop
 	// before they are interrupted (exec trees get SIGTERM, then SIGKILL

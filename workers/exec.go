@@ -11,21 +11,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/proctree"
 )
-
-// procTree is the process tree of one exec'd task: a process group on
-// Unix, a Job Object on Windows.
-type procTree interface {
-	// terminate asks every process of the tree to stop (SIGTERM).
-	terminate() error
-	// kill kills every process of the tree.
-	kill() error
-	// release frees what the tree holds, killing what is left of it.
-	release()
-}
 
 // runExec is the built-in exec: it runs the payload's command as a process
 // tree that timeout and cancel kill as a whole.
@@ -43,7 +32,9 @@ func (w *Workers) runExec(ctx context.Context, t *Task) error {
 	}
 	defer os.Remove(cpFile)
 
-	cmd := exec.Command(p.Cmd[0], p.Cmd[1:]...)
+	// The end of ctx (timeout, cancel, drain) terminates the tree, and
+	// KillGrace later kills it.
+	cmd := exec.CommandContext(ctx, p.Cmd[0], p.Cmd[1:]...)
 	cmd.Dir = p.Dir
 	env := os.Environ()
 	for k, v := range p.Env {
@@ -58,38 +49,18 @@ func (w *Workers) runExec(ctx context.Context, t *Task) error {
 	stdout, stderr := newTail(w.cfg.OutputTail), newTail(w.cfg.OutputTail)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.WaitDelay = w.cfg.KillGrace
-	prepare(cmd)
-	if err := cmd.Start(); err != nil {
+	tree, err := proctree.Start(cmd)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return fmt.Errorf("exec %s: stopped before it started: %w", p.Cmd[0], context.Cause(ctx))
+	case err != nil:
 		return permanentf("exec %s: %v", p.Cmd[0], err)
 	}
-	tree, err := track(cmd)
-	if err != nil {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return fmt.Errorf("exec %s: %w", p.Cmd[0], err)
-	}
-	defer tree.release()
-
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	var waitErr error
-	stopped := false
-	select {
-	case waitErr = <-done:
-	case <-ctx.Done():
-		stopped = true
-		_ = tree.terminate()
-		grace := time.NewTimer(w.cfg.KillGrace)
-		select {
-		case waitErr = <-done:
-			grace.Stop()
-		case <-grace.C:
-			_ = tree.kill()
-			waitErr = <-done
-		}
-	}
-	// Nothing of the task's tree outlives the task.
-	_ = tree.kill()
+	// Wait kills what the process left running: nothing of the task's tree
+	// outlives the task.
+	waitErr := tree.Wait()
+	// A process that ended on its own before ctx did keeps its result.
+	stopped := waitErr != nil && ctx.Err() != nil
 
 	t.SetOutput(joinOutput(stdout.String(), stderr.String()))
 	w.saveCheckpointFile(ctx, t, cpFile, cpBefore)

@@ -144,3 +144,20 @@ echo '{"stage":"half","last_item":"7","counts":{"done":7}}' > "$GANTRY_CHECKPOIN
 		t.Errorf("record = attempts %d, output %q; want 2 and the checkpoint of attempt 1", rec.Attempts, rec.Output)
 	}
 }
+
+func TestExecBackgroundChildDoesNotHoldTask(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t, Config{Policy: fastPolicy, KillGrace: time.Minute}, nil)
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	// The background sleep holds the task's stdout: the task ends when the
+	// shell does, and the sleep with it.
+	b.publish(t, wire.TaskSubject("", "exec"), execTask("bg-1", wire.ExecPayload{
+		Cmd: []string{"sh", "-c", `sleep 300 & echo $! >> "$PIDS"; echo done`}, Env: map[string]string{"PIDS": pidFile},
+	}, `,"max_attempts":1`))
+	rec := b.waitState(t, "bg-1", wire.TaskSucceeded, 15*time.Second)
+	if rec.Output != "done\n" {
+		t.Errorf("output = %q, want %q", rec.Output, "done\n")
+	}
+	waitDead(t, readPids(t, pidFile, 1))
+}
