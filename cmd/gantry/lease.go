@@ -16,6 +16,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/internal/proctree"
 	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/lease"
 )
@@ -324,28 +325,31 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 	c := exec.Command(argv[0], argv[1:]...)
 	c.Stdin, c.Stdout, c.Stderr = a.stdin, a.stdout, a.stderr
 	c.Env = append(os.Environ(), "GANTRY_RESOURCE="+resource, "GANTRY_LEASE_OWNER="+owner)
-	// With a stdout or stderr that is not a file, Wait also waits for the
-	// copying, which a process CMD left behind could hold open.
+	// Output still held by a process that escaped CMD's tree is cut off a
+	// second after CMD ends.
 	c.WaitDelay = time.Second
-	prepareTree(c)
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, forwardedSignals...)
+	signal.Notify(sigs, proctree.Interrupts()...)
 	defer signal.Stop(sigs)
-	tree, err := startTree(c)
+	tree, err := proctree.Start(c)
 	if err != nil {
 		return errors.Join(withCode(exitFailure, fmt.Errorf("start %s: %w", argv[0], err)), finish())
 	}
-	defer tree.close()
+	// Wait kills what CMD left running before it returns: nothing CMD
+	// started may act on the resource once the lease is gone.
 	waited := make(chan error, 1)
-	go func() { waited <- c.Wait() }()
+	go func() { waited <- tree.Wait() }()
 	for {
 		select {
 		case s := <-sigs:
-			if err := tree.signal(s); err != nil {
+			if err := tree.Signal(s); err != nil && !errors.Is(err, os.ErrProcessDone) {
 				fmt.Fprintf(a.stderr, "gantry: forward %v to %s: %v\n", s, argv[0], err)
 			}
 		case <-rh.Context().Done():
-			killErr := tree.kill()
+			killErr := tree.Kill()
+			if errors.Is(killErr, os.ErrProcessDone) {
+				killErr = nil
+			}
 			<-waited
 			cause := context.Cause(rh.Context())
 			if !errors.Is(cause, lease.ErrLost) {
@@ -355,20 +359,12 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 			lost := fmt.Errorf("lease on %s lost while %s ran (%v): killed its process tree", resource, argv[0], cause)
 			return withCode(exitFailure, errors.Join(lost, killErr))
 		case err := <-waited:
-			// Nothing CMD left running may act on the resource once the
-			// lease is gone.
-			if kerr := tree.killLeftovers(); kerr != nil {
-				fmt.Fprintf(a.stderr, "gantry: stop what %s left running: %v\n", argv[0], kerr)
-			}
 			if ferr := finish(); ferr != nil {
 				fmt.Fprintf(a.stderr, "gantry: release %s: %v\n", resource, ferr)
 			}
-			if errors.Is(err, exec.ErrWaitDelay) {
-				err = nil
-			}
 			var ee *exec.ExitError
 			if errors.As(err, &ee) {
-				code := exitStatus(ee.ProcessState)
+				code := proctree.ExitStatus(ee.ProcessState)
 				return withCode(code, fmt.Errorf("%s exited with code %d", argv[0], code))
 			}
 			if err != nil {
