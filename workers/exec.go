@@ -74,7 +74,7 @@ func (w *Workers) runExec(ctx context.Context, t *Task) error {
 	if !errors.As(waitErr, &ee) {
 		return fmt.Errorf("exec %s: %w", p.Cmd[0], waitErr)
 	}
-	code := ee.ExitCode()
+	code := proctree.ExitStatus(ee.ProcessState)
 	failure := fmt.Errorf("exec %s: exit code %d", p.Cmd[0], code)
 	if line := lastLine(stderr.String()); line != "" {
 		failure = fmt.Errorf("%w: %s", failure, line)

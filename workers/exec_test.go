@@ -128,6 +128,11 @@ func TestExecExitCodes(t *testing.T) {
 	if rec.Output != "got hello\n" {
 		t.Errorf("output = %q, want %q", rec.Output, "got hello\n")
 	}
+	b.publish(t, subj, execTask("signal-1", wire.ExecPayload{Cmd: []string{"sh", "-c", "kill -KILL $$"}, FailExitCodes: []int{137}}, ""))
+	rec = b.waitState(t, "signal-1", wire.TaskNeedsReview, 10*time.Second)
+	if rec.Attempts != 1 || !strings.Contains(rec.LastError, "exit code 137") {
+		t.Errorf("record = attempts %d, last error %q; want 1, exit code 137 (128+SIGKILL)", rec.Attempts, rec.LastError)
+	}
 	b.publish(t, subj, execTask("missing-1", wire.ExecPayload{Cmd: []string{"/no/such/program"}}, ""))
 	b.waitState(t, "missing-1", wire.TaskNeedsReview, 10*time.Second)
 }
