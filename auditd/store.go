@@ -17,6 +17,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/kv"
 )
 
 // Query limits.
@@ -29,14 +30,16 @@ const (
 
 var (
 	// ErrBadQuery marks a query that cannot be answered as asked: a bad
-	// cursor, a limit out of range, an empty time range.
-	ErrBadQuery = errors.New("bad audit query")
+	// cursor, a limit out of range, an empty time range. It matches
+	// kv.ErrInvalid (the service answers 400).
+	ErrBadQuery = kv.Sentinel("bad audit query", kv.ErrInvalid)
 	// ErrInvalidEvent marks an event that cannot be stored: no id, no type,
 	// no time, or a 0x00 byte in an indexed field.
 	ErrInvalidEvent = errors.New("invalid audit event")
 	// ErrUnavailable is returned while the store is failed, after a write
-	// error and until Recover reopens it.
-	ErrUnavailable = errors.New("audit store unavailable")
+	// error and until Recover reopens it. It matches kv.ErrUnavailable (the
+	// service answers 503).
+	ErrUnavailable = kv.Sentinel("audit store unavailable", kv.ErrUnavailable)
 )
 
 // StoreOptions tunes OpenStore.
