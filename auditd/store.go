@@ -403,19 +403,8 @@ func (p *queryPlan) event(it, events *pebble.Iterator, suffix []byte) ([]byte, b
 	return raw, err == nil, err
 }
 
-func (p *queryPlan) match(ev *wire.Event) bool { return Matches(&p.q, ev) }
-
-// Matches reports whether ev passes every filter of q (its task, resource,
-// route, job, type and level; not its time range), as a query answers it.
-// A live tail filters with it the same way.
-func Matches(q *wire.AuditQuery, ev *wire.Event) bool {
-	return (q.TaskID == "" || ev.TaskID == q.TaskID) &&
-		(q.ResourceID == "" || ev.ResourceID == q.ResourceID) &&
-		(q.RouteID == "" || ev.RouteID == q.RouteID) &&
-		(q.JobID == "" || ev.JobID == q.JobID) &&
-		(q.Type == "" || ev.Type == q.Type) &&
-		(q.Level == "" || ev.Level == q.Level)
-}
+// match applies the query's field filters, as a live tail does.
+func (p *queryPlan) match(ev *wire.Event) bool { return p.q.Matches(ev) }
 
 // DeleteBefore removes every event older than cutoff and returns how many
 // it removed: first the index keys of those events (point deletes, in

@@ -54,7 +54,9 @@ func (e *ConflictError) Error() string {
 
 // Is makes errors.Is(err, ErrConflict) and errors.Is(err, kv.ErrConflict)
 // true.
-func (e *ConflictError) Is(target error) bool { return target == ErrConflict || target == kv.ErrConflict }
+func (e *ConflictError) Is(target error) bool {
+	return target == ErrConflict || target == kv.ErrConflict
+}
 
 // UnavailableError reports that a resource cannot be leased in its state.
 // It matches ErrUnavailable.
