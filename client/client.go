@@ -125,7 +125,9 @@ type Client struct {
 }
 
 // Connect connects to the broker with opts and returns a client that owns
-// the connection: Close closes it.
+// the connection: Close closes it. opts.Timeout is also the client's
+// WithTimeout; more tune the client further. A deadline on ctx bounds the
+// connect.
 func Connect(ctx context.Context, opts Options, more ...Option) (*Client, error) {
 	servers := cmp.Or(opts.Servers, nats.DefaultURL)
 	timeout := cmp.Or(opts.Timeout, DefaultTimeout)

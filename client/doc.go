@@ -1,9 +1,10 @@
-// Package client is gantry's public Go API: what the gantry CLI, the
-// scheduler and a Go program call to submit tasks and wait for them, and to
-// read and change tasks, leases, resources, jobs, routes and the audit
-// trail, from any machine that reaches the broker.
+// Package client is gantry's public Go API: what the gantry CLI and a Go
+// program call to submit tasks and wait for them, and to read and change
+// tasks, leases, resources, jobs, routes and the audit trail, from any
+// machine that reaches the broker.
 //
-// Connect with the nats CLI's options, or wrap a connection you have:
+// Connect with the nats CLI's options, or wrap a connection you have with
+// New:
 //
 //	c, err := client.Connect(ctx, client.Options{Servers: "nats://127.0.0.1:4222"})
 //	if err != nil {
