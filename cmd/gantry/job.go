@@ -102,6 +102,15 @@ func (a *app) jobAdd(ctx context.Context, name string, f *jobFlags) error {
 	if err != nil {
 		return err
 	}
+	if verr := jobs.Validate(j); verr != nil {
+		// Bad input exits 2 whether or not the broker can be reached; when
+		// it can, the client records the refusal (CONFIG_REJECTED).
+		_ = a.withClient(ctx, "gantry-job", func(c *client.Client) error {
+			_, err := c.AddJob(ctx, j)
+			return err
+		})
+		return usageError("%v", verr)
+	}
 	return a.withClient(ctx, "gantry-job", func(c *client.Client) error {
 		info, err := c.AddJob(ctx, j)
 		if err != nil {
