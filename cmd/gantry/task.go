@@ -57,7 +57,7 @@ func taskGet(ctx context.Context, store *tasks.Store, id string) (wire.TaskRecor
 func (a *app) taskGetCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "get ID",
-		Short: "Show a task: state, attempts, last error, output tail",
+		Short: "Show a task: state, attempts, last error, output tail, result",
 		Args:  exactArgs(1, "ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -86,7 +86,7 @@ func (a *app) taskGetCommand() *cobra.Command {
 			if rec.Output != "" {
 				fmt.Fprintf(a.stdout, "\noutput (tail):\n%s\n", strings.TrimRight(rec.Output, "\n"))
 			}
-			return nil
+			return a.printResult(rec)
 		},
 	}
 }
