@@ -238,7 +238,8 @@ func TestPrepareInvalid(t *testing.T) {
 		{SQLServer, wire.SQLPayload{Statement: "p", Out: []string{"x;drop"}}, `out "x;drop"`},
 		{MySQL, wire.SQLPayload{Statement: "SELECT :a", Args: json.RawMessage(`{"a": 1}`)}, "no named parameters"},
 		{SQLite, wire.SQLPayload{Statement: "SELECT ?", Args: json.RawMessage(`[1e999]`)}, "out of range"},
-		{SQLite, wire.SQLPayload{Statement: "SELECT ?", Args: json.RawMessage(`{"": 1}`)}, "empty name"},
+		{SQLite, wire.SQLPayload{Statement: "SELECT ?", Args: json.RawMessage(`{"": 1}`)}, `name ""`},
+		{SQLite, wire.SQLPayload{Statement: "SELECT :1a", Args: json.RawMessage(`{"1a": 1}`)}, `name "1a"`},
 	} {
 		_, err := prepare(tc.drv, tc.p)
 		var e *Error

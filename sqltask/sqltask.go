@@ -187,17 +187,6 @@ func sqliteDSN(dsn string) string {
 	return dsn + sep + "_pragma=busy_timeout(5000)"
 }
 
-// Names lists the configured databases.
-func (d *Databases) Names() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	names := make([]string, 0, len(d.dbs))
-	for n := range d.dbs {
-		names = append(names, n)
-	}
-	return names
-}
-
 // pool returns the pool of database name, opening it on first use.
 func (d *Databases) pool(name string) (*database, *sql.DB, error) {
 	d.mu.Lock()

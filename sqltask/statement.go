@@ -117,8 +117,8 @@ func decodeArgs(raw json.RawMessage) (positional []any, named map[string]any, er
 	case map[string]any:
 		out := make(map[string]any, len(x))
 		for k, a := range x {
-			if k == "" {
-				return nil, nil, invalidf("sql payload: args: an empty name")
+			if !validName(k) {
+				return nil, nil, invalidf("sql payload: args: name %q: want a letter, then letters, digits and '_'", k)
 			}
 			if out[k], err = argValue(a); err != nil {
 				return nil, nil, invalidf("sql payload: args[%q]: %v", k, err)
@@ -177,8 +177,8 @@ func bindNamed(drv string, named map[string]any, outs []string) ([]any, []output
 	}
 	var out []output
 	for _, k := range outs {
-		if k == "" || !validName(k) {
-			return nil, nil, invalidf("sql payload: out %q: want a parameter name of letters, digits and '_'", k)
+		if !validName(k) {
+			return nil, nil, invalidf("sql payload: out %q: want a letter, then letters, digits and '_'", k)
 		}
 		dest := outDest(named[k])
 		args = append(args, sql.Named(k, sql.Out{Dest: dest}))
@@ -205,13 +205,16 @@ func outDest(initial any) any {
 	return &s
 }
 
+// validName reports whether s can name a parameter: a letter, then
+// letters, digits and '_' (database/sql's rule, and every driver's).
 func validName(s string) bool {
-	for _, c := range s {
-		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+	for i, c := range s {
+		letter := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		if !letter && (i == 0 || !(c == '_' || c >= '0' && c <= '9')) {
 			return false
 		}
 	}
-	return true
+	return s != ""
 }
 
 // outputs puts the output parameters and the return status into res.
