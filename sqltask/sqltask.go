@@ -25,21 +25,11 @@ import (
 
 // The drivers a database can name.
 const (
-	SQLite    = "sqlite"
-	Postgres  = "postgres"
-	SQLServer = "sqlserver"
-	MySQL     = "mysql"
+	SQLite    = wire.DriverSQLite
+	Postgres  = wire.DriverPostgres
+	SQLServer = wire.DriverSQLServer
+	MySQL     = wire.DriverMySQL
 )
-
-// ValidDriver reports whether drv is one of the drivers a database can
-// name.
-func ValidDriver(drv string) bool {
-	switch drv {
-	case SQLite, Postgres, SQLServer, MySQL:
-		return true
-	}
-	return false
-}
 
 // DefaultMaxOpen is a database's pool size when its MaxOpen is 0.
 const DefaultMaxOpen = 4

@@ -119,6 +119,23 @@ type SQLPayload struct {
 	MaxRows int `json:"max_rows,omitempty"`
 }
 
+// The drivers a database of the config file's databases can name.
+const (
+	DriverSQLite    = "sqlite"
+	DriverPostgres  = "postgres"
+	DriverSQLServer = "sqlserver"
+	DriverMySQL     = "mysql"
+)
+
+// ValidDriver reports whether drv is one of the database drivers.
+func ValidDriver(drv string) bool {
+	switch drv {
+	case DriverSQLite, DriverPostgres, DriverSQLServer, DriverMySQL:
+		return true
+	}
+	return false
+}
+
 // SQLResult is the result of a sql task, kept on its record
 // (TaskRecord.Result), in its TASK_FINISHED event and shown by `gantry
 // task get`.

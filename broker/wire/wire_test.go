@@ -146,3 +146,15 @@ func TestRedact(t *testing.T) {
 		t.Errorf("RedactJSON(string) = %s, want unchanged", got)
 	}
 }
+
+func TestValidDriver(t *testing.T) {
+	t.Parallel()
+	for drv, want := range map[string]bool{
+		DriverSQLite: true, DriverPostgres: true, DriverSQLServer: true, DriverMySQL: true,
+		"": false, "oracle": false, "SQLite": false, "pgx": false,
+	} {
+		if got := ValidDriver(drv); got != want {
+			t.Errorf("ValidDriver(%q) = %v, want %v", drv, got, want)
+		}
+	}
+}

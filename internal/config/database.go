@@ -5,7 +5,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/gantry-dev/gantry/sqltask"
+	"github.com/gantry-dev/gantry/broker/wire"
 )
 
 // validate checks database i: its name, driver, DSN source and pool size.
@@ -16,9 +16,9 @@ func (d Database) validate(i int) error {
 	if !routeID.MatchString(d.Name) {
 		return fmt.Errorf("databases[%d]: name %q must be letters, digits, '-' or '_'", i, d.Name)
 	}
-	if !sqltask.ValidDriver(d.Driver) {
+	if !wire.ValidDriver(d.Driver) {
 		return fmt.Errorf("databases[%d] (%s): driver %q: want %s, %s, %s or %s", i, d.Name, d.Driver,
-			sqltask.SQLite, sqltask.Postgres, sqltask.SQLServer, sqltask.MySQL)
+			wire.DriverSQLite, wire.DriverPostgres, wire.DriverSQLServer, wire.DriverMySQL)
 	}
 	n := 0
 	for _, s := range []string{d.DSN, d.DSNEnv, d.DSNFile} {
@@ -30,7 +30,7 @@ func (d Database) validate(i int) error {
 		return fmt.Errorf("databases[%d] (%s): want exactly one of dsn, dsn_env and dsn_file", i, d.Name)
 	}
 	if d.MaxOpen < 0 {
-		return fmt.Errorf("databases[%d] (%s): max_open %d: want 0 (the default, %d) or more", i, d.Name, d.MaxOpen, sqltask.DefaultMaxOpen)
+		return fmt.Errorf("databases[%d] (%s): max_open %d: want 0 (the default) or more", i, d.Name, d.MaxOpen)
 	}
 	return nil
 }
