@@ -182,13 +182,13 @@ func TestReturnsRows(t *testing.T) {
 // parameters and return status are bound for go-mssqldb.
 func TestPrepareSQLServer(t *testing.T) {
 	t.Parallel()
-	st, err := prepare(SQLServer, wire.SQLPayload{Statement: "dbo.collect_shift",
+	st, err := prepare(SQLServer, wire.SQLPayload{Statement: "dbo.collect_shift\n",
 		Args: json.RawMessage(`{"shift": 3, "total": 0, "note": "x"}`), Out: []string{"total", "note"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !st.query || st.status == nil {
-		t.Errorf("bare procedure name: query %v, status %v; want a query with a return status", st.query, st.status)
+	if !st.query || st.status == nil || st.text != "dbo.collect_shift" {
+		t.Errorf("bare procedure name: query %v, status %v, text %q; want a query of dbo.collect_shift with a return status", st.query, st.status, st.text)
 	}
 	// shift is an input; total and note outputs, with their initial
 	// values' types; the return status last.
@@ -310,7 +310,7 @@ func TestScrub(t *testing.T) {
 			t.Errorf("scrub(%q) = %q, want the password and DSN replaced by %s", msg, got, wire.Redacted)
 		}
 	}
-	if got := scrub("a b c", secretsOf("file:x.db", "ab")); got != "a b c" {
-		t.Errorf("scrub with a 2-letter password = %q, want the text unchanged", got)
+	if got := scrub("a b c", secretsOf("x", "ab")); got != "a b c" {
+		t.Errorf("scrub with a 1-letter DSN and a 2-letter password = %q, want the text unchanged", got)
 	}
 }

@@ -9,8 +9,8 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 )
 
-// minSecret is the shortest password scrubbed from error text: a shorter
-// one would blank out ordinary letters of the message.
+// minSecret is the shortest DSN or password scrubbed from error text: a
+// shorter one would blank out ordinary letters of the message.
 const minSecret = 3
 
 // secretsOf lists what an error about a database must never show: its DSN
@@ -18,7 +18,10 @@ const minSecret = 3
 // them. The longest come first, so that a DSN is scrubbed whole before the
 // password inside it.
 func secretsOf(dsn, password string) []string {
-	out := []string{dsn}
+	var out []string
+	if len(dsn) >= minSecret {
+		out = append(out, dsn)
+	}
 	if len(password) >= minSecret {
 		out = append(out, password, url.QueryEscape(password), url.PathEscape(password),
 			strings.TrimPrefix(url.UserPassword("", password).String(), ":"))

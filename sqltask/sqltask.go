@@ -164,8 +164,8 @@ func (c sqliteConnector) Connect(context.Context) (driver.Conn, error) {
 
 func (c sqliteConnector) Driver() driver.Driver { return &sqlite.Driver{} }
 
-// sqliteDSN gives a SQLite DSN without a busy timeout one of 5 s, so that a
-// writer waits for another's lock instead of failing at once.
+// sqliteDSN adds a busy timeout of 5 s to a SQLite DSN that sets none, so
+// that a writer waits for another's lock instead of failing at once.
 func sqliteDSN(dsn string) string {
 	if strings.Contains(dsn, "busy_timeout") {
 		return dsn

@@ -78,6 +78,7 @@ func prepare(drv string, p wire.SQLPayload) (statement, error) {
 	if drv == SQLServer && isProcedure(p.Statement) {
 		// A bare name is called as a procedure (an RPC), whose return
 		// status the server sends.
+		st.text = strings.TrimSpace(st.text)
 		st.status = new(mssql.ReturnStatus)
 		st.args = append(st.args, st.status)
 		st.query = true
