@@ -159,8 +159,8 @@ jobs:
 }
 
 // TestSQLBadDatabaseConfig: a DSN its driver cannot parse, or one whose
-// source is missing, stops 'gantry run' with exit 2, naming the database
-// but not the DSN.
+// source is missing, stops 'gantry run' and 'gantry worker' with exit 2,
+// naming the database but not the DSN.
 func TestSQLBadDatabaseConfig(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ name, db, want string }{
@@ -172,10 +172,14 @@ func TestSQLBadDatabaseConfig(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
 			cfg := writeConfig(t, "databases:\n  - "+tc.db+"\n")
-			code, _, stderr := runInProcess(t, "run", "--config", cfg, "--data", filepath.Join(dir, "data"),
-				"--nats-listen", "127.0.0.1:0", "--http-listen", "", "--log-format", "json")
-			if code != exitUsage || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "hunter2") {
-				t.Errorf("run with %s = exit %d, %q; want exit 2 mentioning %q, without the password", tc.db, code, stderr, tc.want)
+			for _, args := range [][]string{
+				{"run", "--config", cfg, "--data", filepath.Join(dir, "data"), "--nats-listen", "127.0.0.1:0", "--http-listen", ""},
+				{"worker", "--config", cfg, "--server", "nats://127.0.0.1:1"},
+			} {
+				code, _, stderr := runInProcess(t, append(args, "--log-format", "json")...)
+				if code != exitUsage || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "hunter2") {
+					t.Errorf("%s with %s = exit %d, %q; want exit 2 mentioning %q, without the password", args[0], tc.db, code, stderr, tc.want)
+				}
 			}
 		})
 	}
