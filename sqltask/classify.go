@@ -69,6 +69,7 @@ type Error struct {
 	msg  string
 }
 
+// Error names the database and gives the driver's message, scrubbed.
 func (e *Error) Error() string { return e.msg }
 
 // Permanent reports whether a retry cannot help: workers send the task to

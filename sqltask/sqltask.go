@@ -158,10 +158,12 @@ func connector(drv, dsn string) (driver.Connector, string, error) {
 // sqliteConnector opens modernc.org/sqlite connections.
 type sqliteConnector struct{ dsn string }
 
+// Connect opens a connection to the SQLite file.
 func (c sqliteConnector) Connect(context.Context) (driver.Conn, error) {
 	return (&sqlite.Driver{}).Open(c.dsn)
 }
 
+// Driver returns modernc.org/sqlite's driver.
 func (c sqliteConnector) Driver() driver.Driver { return &sqlite.Driver{} }
 
 // sqliteDSN adds a busy timeout of 5 s to a SQLite DSN that sets none, so
