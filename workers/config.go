@@ -14,6 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/sqltask"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -78,6 +79,10 @@ type Config struct {
 	// HTTPClient sends http tasks without a route. Defaults to a client
 	// with Go's default transport.
 	HTTPClient *http.Client
+	// Databases are what sql tasks connect to: one pool each, bounded by
+	// its MaxOpen, opened on first use and closed when Run returns. A sql
+	// task naming another database fails permanently.
+	Databases []sqltask.Database
 	// Clock tells the time of backoff and not_before decisions. Defaults to
 	// the real clock.
 	Clock clock.Clock

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -13,11 +14,21 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/pgtest"
 	"github.com/gantry-dev/gantry/internal/rpc"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// pg is the PostgreSQL server of the sql task tests, started by the first
+// that needs it.
+var pg pgtest.Shared
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		pg.Stop()
+		os.Exit(code)
+	}))
+}
 
 // bundle is a broker, a client, and a way to watch tasks and events.
 type bundle struct {

@@ -19,6 +19,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/lifecycle"
 	"github.com/gantry-dev/gantry/internal/rpc"
 	"github.com/gantry-dev/gantry/lease"
+	"github.com/gantry-dev/gantry/sqltask"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -39,6 +40,8 @@ type Workers struct {
 	tasks     *tasks.Store
 	cps       *tasks.CheckpointStore
 	resources *lease.Resources
+	// sql holds the pools of the databases sql tasks use.
+	sql *sqltask.Databases
 
 	hmu      sync.RWMutex
 	handlers map[string]Handler
@@ -110,12 +113,17 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workers: jetstream: %w", err)
 	}
+	dbs, err := sqltask.New(cfg.Databases)
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
 	w := &Workers{
 		cfg:      cfg,
 		nc:       nc,
 		js:       js,
 		log:      cfg.Logger,
 		audit:    audit.NewEmitter(js, "workers", cfg.Clock),
+		sql:      dbs,
 		handlers: map[string]Handler{},
 		running:  map[string]context.CancelCauseFunc{},
 		idle:     make(chan job),
@@ -132,6 +140,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 	w.handlers["noop"] = HandlerFunc(w.runNoop)
 	w.handlers["exec"] = HandlerFunc(w.runExec)
 	w.handlers["http"] = HandlerFunc(w.runHTTP)
+	w.handlers["sql"] = HandlerFunc(w.runSQL)
 	return w, nil
 }
 
@@ -234,6 +243,12 @@ func (w *Workers) Run(ctx context.Context) error {
 
 // run is Run's body.
 func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
+	// Last, once no task runs: the database pools.
+	defer func() {
+		if err := w.sql.Close(); err != nil {
+			w.log.Warn("close databases", "err", err)
+		}
+	}()
 	var err error
 	if w.tasks, err = tasks.NewStore(ctx, w.js, tasks.StoreConfig{Retention: w.cfg.TaskRetention}); err != nil {
 		return err

@@ -13,7 +13,13 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/gantry-dev/gantry/internal/pgtest"
 )
+
+// pg is the PostgreSQL server of the sql tests, started by the first that
+// needs it.
+var pg pgtest.Shared
 
 // TestMain runs gantry's main instead of the tests when GANTRY_TEST_MAIN is
 // set, so tests can start the real binary as a child process.
@@ -22,7 +28,10 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		pg.Stop()
+		os.Exit(code)
+	}))
 }
 
 // gantryCmd returns the test binary re-executed as gantry with args.

@@ -83,12 +83,15 @@ func (a *app) run(ctx context.Context, sf *serverFlags, wf *workerFlags, changed
 
 		// Workers: run the tasks of the queues of the worker flags (see
 		// 'gantry worker --help') with the config's workers section under
-		// them; http tasks with a route go out through gantry_routes.
+		// them; http tasks with a route go out through gantry_routes, sql
+		// tasks to the config's databases.
 		workNC, workJS, err := p.connect(b, "workers")
 		if err != nil {
 			return err
 		}
-		wf.fromConfig(cfg, changed)
+		if err := wf.fromConfig(cfg, changed); err != nil {
+			return err
+		}
 		if err := p.addWorkers(ctx, wf, log, workNC, workJS); err != nil {
 			return err
 		}

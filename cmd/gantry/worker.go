@@ -18,6 +18,7 @@ import (
 	"github.com/gantry-dev/gantry/egress"
 	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
+	"github.com/gantry-dev/gantry/sqltask"
 	"github.com/gantry-dev/gantry/tasks"
 	"github.com/gantry-dev/gantry/workers"
 )
@@ -41,6 +42,8 @@ type workerFlags struct {
 	maxPayload  int
 	killGrace   time.Duration
 	retention   retentionValue
+	// databases come from the config file's databases section.
+	databases []sqltask.Database
 }
 
 func (f *workerFlags) register(cmd *cobra.Command) {
@@ -135,6 +138,7 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 		MaxPayload:    f.maxPayload,
 		KillGrace:     f.killGrace,
 		TaskRetention: tc.Retention,
+		Databases:     f.databases,
 		Logger:        log.With("component", "workers"),
 	}, nil
 }
@@ -183,11 +187,26 @@ func parseTypePolicy(s string) (string, workers.Policy, error) {
 }
 
 // fromConfig fills the settings the command line left alone from the
-// config file's workers section ('gantry run').
-func (f *workerFlags) fromConfig(cfg *config.File, changed func(name string) bool) {
+// config file's workers section, and takes its databases, reading each DSN
+// from where the file says.
+func (f *workerFlags) fromConfig(cfg *config.File, changed func(name string) bool) error {
 	if r := cfg.Workers.TaskRetention; r != nil && !changed("task-retention") {
 		f.retention = retentionValue(*r)
 	}
+	f.databases = nil
+	for _, d := range cfg.Databases {
+		dsn, err := d.ResolveDSN()
+		if err != nil {
+			return err
+		}
+		f.databases = append(f.databases, sqltask.Database{Name: d.Name, Driver: d.Driver, DSN: dsn, MaxOpen: d.MaxOpen})
+	}
+	// A DSN its driver cannot parse is the config's fault: exit 2. New
+	// connects to nothing.
+	if _, err := sqltask.New(f.databases); err != nil {
+		return fmt.Errorf("%w: %w", config.ErrInvalid, err)
+	}
+	return nil
 }
 
 // workerActor runs the workers with the egress route picker they use.
@@ -232,6 +251,7 @@ func (p *process) addWorkers(ctx context.Context, f *workerFlags, log *slog.Logg
 
 func (a *app) workerCommand() *cobra.Command {
 	var f workerFlags
+	var configPath string
 	cmd := &cobra.Command{
 		Use:   "worker [--queue Q[=N]]... [flags]",
 		Short: "Run task workers alone, connected to a broker with --server",
@@ -255,18 +275,29 @@ busy resource, route cooldown, delay exit codes) wait for the hint without
 using up an attempt; permanent ones (bad input, 4xx, fail exit codes, unknown
 type) go to NEEDS_REVIEW at once, as does a task out of attempts.
 
-Built-in types: noop, exec, http. Any other type is sent as a request to
-gantry.handlers.<type>. See docs/tasks.md.`,
+Built-in types: noop, exec, http, sql (on the databases of --config). Any
+other type is sent as a request to gantry.handlers.<type>. See
+docs/tasks.md and docs/sql.md.`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.worker(cmd.Context(), &f) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.worker(cmd.Context(), &f, configPath, cmd.Flags().Changed)
+		},
 	}
 	f.register(cmd)
+	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose databases (for sql tasks) and workers section this worker uses")
 	return cmd
 }
 
-func (a *app) worker(ctx context.Context, f *workerFlags) error {
+func (a *app) worker(ctx context.Context, f *workerFlags, configPath string, changed func(name string) bool) error {
 	log, err := a.logger()
 	if err != nil {
+		return err
+	}
+	cfg, err := (&serverFlags{configPath: configPath}).loadConfig()
+	if err != nil {
+		return err
+	}
+	if err := f.fromConfig(cfg, changed); err != nil {
 		return err
 	}
 	if _, err := f.config(log); err != nil {
