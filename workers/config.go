@@ -14,6 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/internal/proctree"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -61,6 +62,12 @@ type Config struct {
 	// that escaped the tree is read after the task's process exits.
 	// Defaults to 2 s, so that a stopping process ends within its 10 s.
 	KillGrace time.Duration
+	// ProcessTrees is how exec tasks' process trees are contained: see
+	// proctree.Containment. Defaults to the strongest containment the
+	// machine allows; a Subreaper needs a Shim (cmd/gantry names its own
+	// executable), and without one Linux falls back from a cgroup to the
+	// process group.
+	ProcessTrees proctree.Config
 	// DrainTimeout is how long running tasks may take to finish after Stop
 	// before they are interrupted (exec trees get SIGTERM, then SIGKILL
 	// after KillGrace) and handed back to the broker. Defaults to 5 s.

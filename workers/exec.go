@@ -49,7 +49,7 @@ func (w *Workers) runExec(ctx context.Context, t *Task) error {
 	stdout, stderr := newTail(w.cfg.OutputTail), newTail(w.cfg.OutputTail)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.WaitDelay = w.cfg.KillGrace
-	tree, err := proctree.Start(cmd)
+	tree, err := w.trees.Start(cmd)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("exec %s: stopped before it started: %w", p.Cmd[0], context.Cause(ctx))

@@ -13,10 +13,15 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/proctree"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// The test binary is the shim of the exec tasks' Subreaper trees.
+	proctree.ShimMain()
+	goleak.VerifyTestMain(m)
+}
 
 // bundle is a broker, a client, and a way to watch tasks and events.
 type bundle struct {

@@ -16,6 +16,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
+	"github.com/gantry-dev/gantry/internal/proctree"
 	"github.com/gantry-dev/gantry/lease"
 	"github.com/gantry-dev/gantry/tasks"
 )
@@ -37,6 +38,8 @@ type Workers struct {
 	tasks     *tasks.Store
 	cps       *tasks.CheckpointStore
 	resources *lease.Resources
+	// trees starts exec tasks' processes.
+	trees *proctree.Starter
 
 	hmu      sync.RWMutex
 	handlers map[string]Handler
@@ -104,6 +107,10 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workers: %w", err)
 	}
+	trees, err := proctree.New(cfg.ProcessTrees)
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(16384))
 	if err != nil {
 		return nil, fmt.Errorf("workers: jetstream: %w", err)
@@ -114,6 +121,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		js:       js,
 		log:      cfg.Logger,
 		audit:    audit.NewEmitter(js, "workers", cfg.Clock),
+		trees:    trees,
 		handlers: map[string]Handler{},
 		running:  map[string]context.CancelCauseFunc{},
 		idle:     make(chan job),

@@ -331,7 +331,11 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, proctree.Interrupts()...)
 	defer signal.Stop(sigs)
-	tree, err := proctree.Start(c)
+	trees, err := proctree.New(proctree.Config{Shim: shimPath()})
+	if err != nil {
+		return errors.Join(err, finish())
+	}
+	tree, err := trees.Start(c)
 	if err != nil {
 		return errors.Join(withCode(exitFailure, fmt.Errorf("start %s: %w", argv[0], err)), finish())
 	}

@@ -13,11 +13,15 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/gantry-dev/gantry/internal/proctree"
 )
 
 // TestMain runs gantry's main instead of the tests when GANTRY_TEST_MAIN is
-// set, so tests can start the real binary as a child process.
+// set, so tests can start the real binary as a child process, and the shim
+// of a process tree when the binary is started as one.
 func TestMain(m *testing.M) {
+	proctree.ShimMain()
 	if os.Getenv("GANTRY_TEST_MAIN") == "1" {
 		main()
 		return
