@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"time"
@@ -62,6 +63,13 @@ type Config struct {
 	// that escaped the tree is read after the task's process exits.
 	// Defaults to 2 s, so that a stopping process ends within its 10 s.
 	KillGrace time.Duration
+	// CheckpointDir is where exec tasks' checkpoint files
+	// (GANTRY_CHECKPOINT_FILE) are written: in a directory of each Workers'
+	// own, removed when Run returns. Run first removes the directories of
+	// worker processes that are gone (killed with SIGKILL), with what
+	// they left. Defaults to gantry-checkpoints in the system's temporary
+	// directory; cmd/gantry uses <data>/checkpoints.
+	CheckpointDir string
 	// ProcessTrees is how exec tasks' process trees are contained: see
 	// proctree.Containment. Defaults to the strongest containment the
 	// machine allows; a Subreaper needs a Shim (cmd/gantry names its own
@@ -200,6 +208,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.StateDelay = cmp.Or(c.StateDelay, 250*time.Millisecond)
 	c.OutputTail = cmp.Or(c.OutputTail, 4096)
 	c.KillGrace = cmp.Or(c.KillGrace, 2*time.Second)
+	c.CheckpointDir = cmp.Or(c.CheckpointDir, filepath.Join(os.TempDir(), "gantry-checkpoints"))
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, 5*time.Second)
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -66,6 +67,9 @@ func (b *bundle) start(t *testing.T, cfg Config, handlers map[string]Handler) (*
 	if cfg.Logger == nil {
 		cfg.Logger = b.env.Log.With("component", "workers")
 	}
+	if cfg.ProcessTrees.Shim == "" {
+		cfg.ProcessTrees.Shim = shim(t)
+	}
 	w, err := New(cfg, nc)
 	if err != nil {
 		t.Fatal(err)
@@ -94,6 +98,16 @@ func (b *bundle) start(t *testing.T, cfg Config, handlers map[string]Handler) (*
 		t.Fatal("workers not ready within 10s")
 	}
 	return w, nc
+}
+
+// shim is the test binary, the shim of Subreaper trees.
+func shim(t testing.TB) string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exe
 }
 
 // publish publishes a task body with plain core NATS, as `nats pub` does.

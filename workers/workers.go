@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -38,8 +39,10 @@ type Workers struct {
 	tasks     *tasks.Store
 	cps       *tasks.CheckpointStore
 	resources *lease.Resources
-	// trees starts exec tasks' processes.
+	// trees starts exec tasks' processes; their checkpoint files are in
+	// cpDir, this Workers' own directory under Config.CheckpointDir.
 	trees *proctree.Starter
+	cpDir string
 
 	hmu      sync.RWMutex
 	handlers map[string]Handler
@@ -122,6 +125,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		log:      cfg.Logger,
 		audit:    audit.NewEmitter(js, "workers", cfg.Clock),
 		trees:    trees,
+		cpDir:    checkpointDir(cfg.CheckpointDir),
 		handlers: map[string]Handler{},
 		running:  map[string]context.CancelCauseFunc{},
 		idle:     make(chan job),
@@ -240,6 +244,12 @@ func (w *Workers) Run(ctx context.Context) error {
 
 // run is Run's body.
 func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
+	// Removed last, once every task has ended.
+	if err := w.makeCheckpointDir(); err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(w.cpDir) }()
+	w.log.Info("exec process trees", "containment", w.trees.Containment(), "checkpoint_dir", w.cpDir)
 	var err error
 	if w.tasks, err = tasks.NewStore(ctx, w.js, tasks.StoreConfig{Retention: w.cfg.TaskRetention}); err != nil {
 		return err
