@@ -21,7 +21,7 @@ eval "$THEN"`
 
 // TestExecLeavesNoProcess: nothing an exec task starts outlives it, be it
 // a background child, a setsid one or a double fork, whether the task
-// succeeds, times out or is cancelled; and a background child does not
+// succeeds, fails, times out or is cancelled; and a background child does not
 // turn success into failure. Under a cgroup (where the machine allows it)
 // and under a subreaper.
 func TestExecLeavesNoProcess(t *testing.T) {
@@ -45,6 +45,7 @@ func TestExecLeavesNoProcess(t *testing.T) {
 				want  wire.TaskState
 			}{
 				{"ok", "echo bye", `,"max_attempts":1`, func(*testing.T, string) {}, wire.TaskSucceeded},
+				{"fail", "exit 3", `,"max_attempts":1`, func(*testing.T, string) {}, wire.TaskNeedsReview},
 				{"timeout", "sleep 300", `,"timeout":"1s","max_attempts":1`, func(*testing.T, string) {}, wire.TaskNeedsReview},
 				{"cancel", "sleep 300", "", func(t *testing.T, id string) {
 					if err := b.env.NC.Publish(wire.SubjectTaskCancel, []byte(id)); err != nil {
@@ -65,8 +66,8 @@ func TestExecLeavesNoProcess(t *testing.T) {
 					if tc.want == wire.TaskSucceeded && (rec.Attempts != 1 || rec.Output != "bye\n") {
 						t.Errorf("record = attempts %d, output %q; want 1 and %q", rec.Attempts, rec.Output, "bye\n")
 					}
-					if tc.want == wire.TaskNeedsReview && !strings.Contains(rec.LastError, "timed out") {
-						t.Errorf("last error = %q, want timed out", rec.LastError)
+					if want := map[string]string{"fail": "exit code 3", "timeout": "timed out"}[tc.id]; !strings.Contains(rec.LastError, want) {
+						t.Errorf("last error = %q, want %q", rec.LastError, want)
 					}
 					waitDead(t, pids)
 				})

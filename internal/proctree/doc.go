@@ -19,9 +19,10 @@
 // New chooses once, per Starter, how trees are held together:
 //
 //   - Cgroup (Linux): each tree gets a cgroup v2 of its own, made in the
-//     cgroup gantry runs in when that cgroup is delegated to it (systemd:
-//     a unit with Delegate=yes; or the root of a container's cgroup
-//     namespace) and writable. The command is started inside it
+//     cgroup gantry runs in when that cgroup is delegated to it (a unit
+//     with Delegate=yes, which systemd 251 and later marks with a
+//     delegate xattr; or the root of a container's cgroup namespace) and
+//     writable. The command is started inside it
 //     (CLONE_INTO_CGROUP), every descendant is born inside it and none can
 //     leave it, and cgroup.kill kills them all at once, whatever they did
 //     (setsid, double fork). The cgroup is removed once it is empty. If

@@ -82,6 +82,14 @@ func readPids(t *testing.T, path string, n int) []int {
 		}
 		return nil
 	})
+	// Whatever the test finds, it leaves no process behind.
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			if alive(pid) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
 	return pids
 }
 
