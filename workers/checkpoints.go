@@ -14,9 +14,14 @@ import (
 
 // checkpointDir names a Workers' own directory of checkpoint files under
 // dir: <pid>-<random>, so that a later worker process can tell whether
-// its maker is gone.
-func checkpointDir(dir string) string {
-	return filepath.Join(dir, strconv.Itoa(os.Getpid())+"-"+strconv.FormatUint(rand.Uint64(), 36))
+// its maker is gone. The name is absolute: a task's process may run in
+// another directory.
+func checkpointDir(dir string) (string, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("checkpoint dir: %w", err)
+	}
+	return filepath.Join(dir, strconv.Itoa(os.Getpid())+"-"+strconv.FormatUint(rand.Uint64(), 36)), nil
 }
 
 // makeCheckpointDir removes the checkpoint directories of worker

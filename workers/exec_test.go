@@ -231,12 +231,21 @@ func TestExecCheckpointDir(t *testing.T) {
 			t.Errorf("checkpoint dir after Run = %v, want only the live worker's %s", entries, filepath.Base(live))
 		}
 	})
-	b.start(t, Config{Policy: fastPolicy, CheckpointDir: dir}, nil)
+	// A relative dir: the task, run elsewhere, still finds its file.
+	cwd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(cwd, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.start(t, Config{Policy: fastPolicy, CheckpointDir: rel}, nil)
 	if _, err := os.Stat(gone); !os.IsNotExist(err) {
 		t.Errorf("stat the dead worker's dir = %v, want it removed at start", err)
 	}
 	b.publish(t, wire.TaskSubject("", "exec"), execTask("cp-dir", wire.ExecPayload{
-		Cmd: []string{"sh", "-c", `test -f "$GANTRY_CHECKPOINT_FILE" && echo "$GANTRY_CHECKPOINT_FILE"`},
+		Cmd: []string{"sh", "-c", `test -f "$GANTRY_CHECKPOINT_FILE" && echo "$GANTRY_CHECKPOINT_FILE"`}, Dir: "/",
 	}, ""))
 	rec := b.waitState(t, "cp-dir", wire.TaskSucceeded, 10*time.Second)
 	path := strings.TrimSpace(rec.Output)

@@ -114,6 +114,10 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workers: %w", err)
 	}
+	cpDir, err := checkpointDir(cfg.CheckpointDir)
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(16384))
 	if err != nil {
 		return nil, fmt.Errorf("workers: jetstream: %w", err)
@@ -125,7 +129,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		log:      cfg.Logger,
 		audit:    audit.NewEmitter(js, "workers", cfg.Clock),
 		trees:    trees,
-		cpDir:    checkpointDir(cfg.CheckpointDir),
+		cpDir:    cpDir,
 		handlers: map[string]Handler{},
 		running:  map[string]context.CancelCauseFunc{},
 		idle:     make(chan job),
