@@ -17,10 +17,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
+	"github.com/gantry-dev/gantry/internal/rpc"
+	"github.com/gantry-dev/gantry/kv"
 )
 
 // startService runs a sink on env until the test ends and waits until it is
@@ -106,7 +109,8 @@ func tryServiceQueryAll(nc *nats.Conn, q wire.AuditQuery) ([]wire.Event, error) 
 	var all []wire.Event
 	for range 1000 {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		page, err := Query(ctx, nc, q)
+		var page wire.AuditPage
+		err := rpc.Request(ctx, nc, wire.SubjectAuditQuery, q, &page)
 		cancel()
 		if err != nil {
 			return nil, err
@@ -181,15 +185,18 @@ func TestServiceIngestsAndAnswersQueries(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err := Query(ctx, env.NC, wire.AuditQuery{Limit: MaxLimit + 1})
-	var se *ServiceError
-	if !errors.As(err, &se) || se.Code != "400" {
-		t.Errorf("Query with a bad limit = %v, want a 400 service error", err)
+	err := rpc.Request(ctx, env.NC, wire.SubjectAuditQuery, wire.AuditQuery{Limit: MaxLimit + 1}, &wire.AuditPage{})
+	var se *rpc.Error
+	if !errors.As(err, &se) || se.Code != rpc.CodeInvalid || !errors.Is(err, kv.ErrInvalid) {
+		t.Errorf("Query with a bad limit = %v, want a 400 matching kv.ErrInvalid", err)
+	}
+	if err := rpc.Request(ctx, env.NC, wire.SubjectAuditQuery, "not a query", nil); !errors.Is(err, kv.ErrInvalid) {
+		t.Errorf("Query with a bad body = %v, want a 400 matching kv.ErrInvalid", err)
 	}
 	// The counter moves just after the commit the queries already see.
 	eventually(t, "stats through the service", func() (bool, string) {
 		var stats wire.AuditStats
-		if err := Request(ctx, env.NC, wire.SubjectAuditStats, struct{}{}, &stats); err != nil {
+		if err := rpc.Request(ctx, env.NC, wire.SubjectAuditStats, nil, &stats); err != nil {
 			return false, err.Error()
 		}
 		return stats.Stored == 45 && stats.Retention == DefaultRetention.String(),
@@ -451,15 +458,22 @@ func TestServiceBackup(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "backup")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	reply, err := Backup(ctx, env.NC, dir)
+	c, err := client.New(env.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply, err := c.BackupAudit(ctx, dir)
 	if err != nil {
 		t.Fatalf("Backup: %v", err)
 	}
 	if len(reply.Files) == 0 {
 		t.Fatal("backup has no files")
 	}
-	if _, err := Backup(ctx, env.NC, dir); err == nil {
+	if _, err := c.BackupAudit(ctx, dir); err == nil {
 		t.Error("Backup into a non-empty dir = nil, want an error")
+	}
+	if err := rpc.Request(ctx, env.NC, wire.SubjectAuditBackup, wire.AuditBackupRequest{Name: "../x"}, nil); !errors.Is(err, kv.ErrInvalid) {
+		t.Errorf("Backup named ../x = %v, want a 400 matching kv.ErrInvalid", err)
 	}
 	b := openTestStore(t, dir)
 	for _, q := range []wire.AuditQuery{{Limit: 1000}, {TaskID: "task-3"}, {ResourceID: "cam1", Level: wire.LevelWarn}} {

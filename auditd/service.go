@@ -4,8 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -18,87 +16,52 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/rpc"
+	"github.com/gantry-dev/gantry/kv"
 )
-
-// serviceVersion is the micro service's version.
-const serviceVersion = "1.0.0"
 
 // backupTTL is how long backup files stay in BucketAuditBackups.
 const backupTTL = time.Hour
 
 // addService registers the "gantry-audit" micro service.
 func (s *Service) addService() (micro.Service, error) {
-	svc, err := micro.AddService(s.nc, micro.Config{
-		Name:        wire.AuditServiceName,
-		Version:     serviceVersion,
-		Description: "gantry audit store: query, backup and stats",
-	})
-	if err != nil {
-		return nil, fmt.Errorf("add service %s: %w", wire.AuditServiceName, err)
-	}
-	for _, ep := range []struct {
-		name, subject string
-		h             micro.HandlerFunc
-	}{
-		{"query", wire.SubjectAuditQuery, s.handleQuery},
-		{"backup", wire.SubjectAuditBackup, s.handleBackup},
-		{"stats", wire.SubjectAuditStats, func(r micro.Request) { _ = r.RespondJSON(s.Stats()) }},
-	} {
-		if err := svc.AddEndpoint(ep.name, ep.h, micro.WithEndpointSubject(ep.subject)); err != nil {
-			_ = svc.Stop()
-			return nil, fmt.Errorf("add endpoint %s: %w", ep.subject, err)
-		}
-	}
-	return svc, nil
+	return rpc.AddService(s.nc, wire.AuditServiceName, "gantry audit store: query, backup and stats",
+		rpc.Endpoint{Name: "query", Subject: wire.SubjectAuditQuery, Handler: s.handleQuery},
+		rpc.Endpoint{Name: "backup", Subject: wire.SubjectAuditBackup, Handler: s.handleBackup},
+		rpc.Endpoint{Name: "stats", Subject: wire.SubjectAuditStats, Handler: func(r micro.Request) {
+			s.respond(r, s.Stats(), nil)
+		}},
+	)
 }
 
-// Service error codes, in the Nats-Service-Error-Code header.
-const (
-	codeBadRequest  = "400"
-	codeUnavailable = "503"
-	codeInternal    = "500"
-)
+// respond answers r, logging an answer that could not be sent.
+func (s *Service) respond(r micro.Request, v any, err error) {
+	if rerr := rpc.Respond(r, v, err); rerr != nil {
+		s.log.Warn("audit service reply not sent", "subject", r.Subject(), "err", rerr)
+	}
+}
 
 func (s *Service) handleQuery(r micro.Request) {
 	var q wire.AuditQuery
-	if len(r.Data()) > 0 {
-		if err := json.Unmarshal(r.Data(), &q); err != nil {
-			_ = r.Error(codeBadRequest, "query is not a JSON audit query: "+err.Error(), nil)
-			return
-		}
-	}
-	page, err := s.store.Query(q)
-	if err != nil {
-		s.respondError(r, err)
+	if err := rpc.Decode(r, &q); err != nil {
+		s.respond(r, nil, err)
 		return
 	}
-	_ = r.RespondJSON(page)
-}
-
-func (s *Service) respondError(r micro.Request, err error) {
-	code := codeInternal
-	switch {
-	case errors.Is(err, ErrBadQuery):
-		code = codeBadRequest
-	case errors.Is(err, ErrUnavailable):
-		code = codeUnavailable
-	}
-	_ = r.Error(code, err.Error(), nil)
+	page, err := s.store.Query(q)
+	s.respond(r, page, err)
 }
 
 func (s *Service) handleBackup(r micro.Request) {
 	var req wire.AuditBackupRequest
-	if len(r.Data()) > 0 {
-		if err := json.Unmarshal(r.Data(), &req); err != nil {
-			_ = r.Error(codeBadRequest, "request is not a JSON backup request: "+err.Error(), nil)
-			return
-		}
+	if err := rpc.Decode(r, &req); err != nil {
+		s.respond(r, nil, err)
+		return
 	}
 	if req.Name == "" {
 		req.Name = ulid.Make().String()
 	}
 	if !wire.ValidToken(req.Name) || filepath.Base(req.Name) != req.Name {
-		_ = r.Error(codeBadRequest, fmt.Sprintf("backup name %q: want one word without '.', '/', '*', '>' or spaces", req.Name), nil)
+		s.respond(r, nil, fmt.Errorf("%w: backup name %q: want one word without '.', '/', '*', '>' or spaces", kv.ErrInvalid, req.Name))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -106,11 +69,11 @@ func (s *Service) handleBackup(r micro.Request) {
 	reply, err := s.backup(ctx, req.Name)
 	if err != nil {
 		s.log.Error("audit backup", "name", req.Name, "err", err)
-		s.respondError(r, err)
+		s.respond(r, nil, err)
 		return
 	}
 	s.log.Info("audit backup", "name", req.Name, "files", len(reply.Files))
-	_ = r.RespondJSON(reply)
+	s.respond(r, reply, nil)
 }
 
 // scratchPattern names the scratch directories of backups, next to the

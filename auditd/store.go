@@ -17,6 +17,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/kv"
 )
 
 // Query limits.
@@ -29,14 +30,16 @@ const (
 
 var (
 	// ErrBadQuery marks a query that cannot be answered as asked: a bad
-	// cursor, a limit out of range, an empty time range.
-	ErrBadQuery = errors.New("bad audit query")
+	// cursor, a limit out of range, an empty time range. It matches
+	// kv.ErrInvalid (the service answers 400).
+	ErrBadQuery = kv.Sentinel("bad audit query", kv.ErrInvalid)
 	// ErrInvalidEvent marks an event that cannot be stored: no id, no type,
 	// no time, or a 0x00 byte in an indexed field.
 	ErrInvalidEvent = errors.New("invalid audit event")
 	// ErrUnavailable is returned while the store is failed, after a write
-	// error and until Recover reopens it.
-	ErrUnavailable = errors.New("audit store unavailable")
+	// error and until Recover reopens it. It matches kv.ErrUnavailable (the
+	// service answers 503).
+	ErrUnavailable = kv.Sentinel("audit store unavailable", kv.ErrUnavailable)
 )
 
 // StoreOptions tunes OpenStore.
@@ -400,19 +403,8 @@ func (p *queryPlan) event(it, events *pebble.Iterator, suffix []byte) ([]byte, b
 	return raw, err == nil, err
 }
 
-func (p *queryPlan) match(ev *wire.Event) bool { return Matches(&p.q, ev) }
-
-// Matches reports whether ev passes every filter of q (its task, resource,
-// route, job, type and level; not its time range), as a query answers it.
-// A live tail filters with it the same way.
-func Matches(q *wire.AuditQuery, ev *wire.Event) bool {
-	return (q.TaskID == "" || ev.TaskID == q.TaskID) &&
-		(q.ResourceID == "" || ev.ResourceID == q.ResourceID) &&
-		(q.RouteID == "" || ev.RouteID == q.RouteID) &&
-		(q.JobID == "" || ev.JobID == q.JobID) &&
-		(q.Type == "" || ev.Type == q.Type) &&
-		(q.Level == "" || ev.Level == q.Level)
-}
+// match applies the query's field filters, as a live tail does.
+func (p *queryPlan) match(ev *wire.Event) bool { return p.q.Matches(ev) }
 
 // DeleteBefore removes every event older than cutoff and returns how many
 // it removed: first the index keys of those events (point deletes, in

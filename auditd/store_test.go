@@ -361,7 +361,7 @@ func TestCheckpointAnswersTheSameQueries(t *testing.T) {
 	late := testEvents(301)[300:]
 	write(t, s, late)
 	// A fetched backup carries its manifest next to Pebble's files.
-	if err := os.WriteFile(filepath.Join(backup, BackupManifest), []byte("{}\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(backup, wire.AuditBackupManifest), []byte("{}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	b := openTestStore(t, backup)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/egress"
@@ -19,10 +20,11 @@ import (
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
+	"github.com/gantry-dev/gantry/internal/rpc"
 )
 
-// QueueGroup is the queue group healthd subscribes to reports and probe
-// requests in, so that each is handled once.
+// QueueGroup is the queue group healthd subscribes to reports and answers
+// probe requests in, so that each is handled once.
 const QueueGroup = "gantry-healthd"
 
 // Config configures healthd.
@@ -167,14 +169,17 @@ func (h *Healthd) run(ctx context.Context, lc *lifecycle.Runner) error {
 		return fmt.Errorf("subscribe %s: %w", wire.SubjectRouteReportAll, err)
 	}
 	defer func() { _ = reports.Unsubscribe() }()
-	probes, err := h.nc.QueueSubscribe(wire.SubjectRouteProbe, QueueGroup, func(m *nats.Msg) {
-		// A request that arrives once run has returned starts nothing.
-		lc.Go(func() { h.onProbe(ctx, m) })
+	probes, err := rpc.AddService(h.nc, wire.HealthServiceName, "gantry healthd: probe an egress route now", rpc.Endpoint{
+		Name: "probe", Subject: wire.SubjectRouteProbe, QueueGroup: QueueGroup,
+		Handler: func(req micro.Request) {
+			// A request that arrives once run has returned starts nothing.
+			lc.Go(func() { h.onProbe(ctx, req) })
+		},
 	})
 	if err != nil {
-		return fmt.Errorf("subscribe %s: %w", wire.SubjectRouteProbe, err)
+		return err
 	}
-	defer func() { _ = probes.Unsubscribe() }()
+	defer func() { _ = probes.Stop() }()
 	if err := h.nc.Flush(); err != nil {
 		return fmt.Errorf("flush subscriptions: %w", err)
 	}
@@ -357,18 +362,15 @@ func (h *Healthd) onReport(ctx context.Context, m *nats.Msg) {
 }
 
 // onProbe answers a probe request from its route's loop.
-func (h *Healthd) onProbe(ctx context.Context, m *nats.Msg) {
-	var req wire.RouteProbeRequest
-	var reply wire.RouteProbeReply
-	if err := json.Unmarshal(m.Data, &req); err != nil {
-		reply.Error = fmt.Sprintf("probe request is not JSON {\"id\": ROUTE}: %v", err)
-		h.respond(m, reply)
+func (h *Healthd) onProbe(ctx context.Context, req micro.Request) {
+	var in wire.RouteProbeRequest
+	if err := rpc.Decode(req, &in); err != nil {
+		h.respond(req, nil, err)
 		return
 	}
-	r, ok := h.routes[req.ID]
+	r, ok := h.routes[in.ID]
 	if !ok {
-		reply.Error, reply.NotFound = fmt.Sprintf("route %q is not among healthd's routes", req.ID), true
-		h.respond(m, reply)
+		h.respond(req, nil, fmt.Errorf("route %q is not among healthd's routes: %w", in.ID, egress.ErrNotFound))
 		return
 	}
 	ch := make(chan wire.RouteProbeReply, 1)
@@ -378,18 +380,14 @@ func (h *Healthd) onProbe(ctx context.Context, m *nats.Msg) {
 		return
 	}
 	select {
-	case reply = <-ch:
-		h.respond(m, reply)
+	case reply := <-ch:
+		h.respond(req, reply, nil)
 	case <-ctx.Done():
 	}
 }
 
-func (h *Healthd) respond(m *nats.Msg, reply wire.RouteProbeReply) {
-	data, err := json.Marshal(reply)
-	if err == nil {
-		err = m.Respond(data)
-	}
-	if err != nil {
+func (h *Healthd) respond(req micro.Request, reply any, err error) {
+	if err := rpc.Respond(req, reply, err); err != nil {
 		h.log.Warn("probe reply not sent", "err", err)
 	}
 }

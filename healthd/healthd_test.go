@@ -3,6 +3,7 @@ package healthd
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -20,6 +21,8 @@ import (
 	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
 	"github.com/gantry-dev/gantry/internal/proxytest"
+	"github.com/gantry-dev/gantry/internal/rpc"
+	"github.com/gantry-dev/gantry/kv"
 )
 
 // site is a real HTTP server on loopback answering status.
@@ -90,16 +93,20 @@ func (b *bundle) waitRoute(t *testing.T, id, what string, ok func(wire.Route) bo
 // probe asks healthd for a probe of id through the NATS service.
 func (b *bundle) probe(t *testing.T, id string) wire.RouteProbeReply {
 	t.Helper()
-	data, _ := json.Marshal(wire.RouteProbeRequest{ID: id})
-	msg, err := b.env.NC.Request(wire.SubjectRouteProbe, data, 15*time.Second)
+	reply, err := b.ask(id)
 	if err != nil {
 		t.Fatalf("probe %s: %v", id, err)
 	}
-	var reply wire.RouteProbeReply
-	if err := json.Unmarshal(msg.Data, &reply); err != nil {
-		t.Fatal(err)
-	}
 	return reply
+}
+
+// ask sends a probe request for id, as any NATS client would.
+func (b *bundle) ask(id string) (wire.RouteProbeReply, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	var reply wire.RouteProbeReply
+	err := rpc.Request(ctx, b.env.NC, wire.SubjectRouteProbe, wire.RouteProbeRequest{ID: id}, &reply)
+	return reply, err
 }
 
 func TestProbeStages(t *testing.T) {
@@ -186,8 +193,14 @@ func TestLatencyDropsScore(t *testing.T) {
 	if st.Score != rs.Route.Score || st.State != wire.RouteAvailable || st.Proxy != slow.URL() {
 		t.Errorf("stored slow = %+v, want the reply's score %v, AVAILABLE, proxy %s", st, rs.Route.Score, slow.URL())
 	}
-	if reply := b.probe(t, "nope"); !reply.NotFound || reply.Result != nil {
-		t.Errorf("probe(nope) = %+v, want not found", reply)
+	var re *rpc.Error
+	if _, err := b.ask("nope"); !errors.Is(err, kv.ErrNotFound) || !errors.As(err, &re) || re.Code != rpc.CodeNotFound {
+		t.Errorf("probe(nope) = %v, want a 404 matching kv.ErrNotFound", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rpc.Request(ctx, b.env.NC, wire.SubjectRouteProbe, "fast", nil); !errors.Is(err, kv.ErrInvalid) {
+		t.Errorf("probe with a bad body = %v, want a 400 matching kv.ErrInvalid", err)
 	}
 }
 

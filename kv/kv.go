@@ -22,6 +22,14 @@ var (
 	ErrChanged = errors.New("changed meanwhile")
 	// ErrInvalid: bad input, refused before anything was written.
 	ErrInvalid = errors.New("invalid input")
+	// ErrConflict: refused because of what someone else holds or runs now
+	// (a lease of another owner, an unfinished run of a job that forbids
+	// overlap); nothing was taken over.
+	ErrConflict = errors.New("conflict")
+	// ErrUnavailable: whoever should answer cannot now (no service
+	// answers, a store has failed, a resource is out of service); trying
+	// again later may succeed.
+	ErrUnavailable = errors.New("unavailable")
 )
 
 // Sentinel returns a sentinel error whose message is msg and that matches

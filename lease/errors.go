@@ -12,8 +12,8 @@ import (
 // Sentinel errors of the lease and resource stores, checked with errors.Is.
 var (
 	// ErrConflict means another owner holds the lease; the error is a
-	// *ConflictError that names the holder.
-	ErrConflict = errors.New("lease held by another owner")
+	// *ConflictError that names the holder. It matches kv.ErrConflict.
+	ErrConflict = kv.Sentinel("lease held by another owner", kv.ErrConflict)
 	// ErrNotFound means no such lease or resource. It matches
 	// kv.ErrNotFound.
 	ErrNotFound = kv.Sentinel("not found", kv.ErrNotFound)
@@ -22,8 +22,9 @@ var (
 	// changed.
 	ErrLost = errors.New("lease lost")
 	// ErrUnavailable means the resource is DISABLED or FAULT and cannot be
-	// leased; the error is an *UnavailableError.
-	ErrUnavailable = errors.New("resource unavailable")
+	// leased; the error is an *UnavailableError. It matches
+	// kv.ErrUnavailable.
+	ErrUnavailable = kv.Sentinel("resource unavailable", kv.ErrUnavailable)
 	// ErrIllegalMove means a resource state move is not allowed; the error
 	// is an *IllegalMoveError naming from and to.
 	ErrIllegalMove = errors.New("illegal resource state move")
@@ -51,8 +52,11 @@ func (e *ConflictError) Error() string {
 	return fmt.Sprintf("resource %s is held by %s until %s", e.Resource, e.Holder, e.ExpiresAt.UTC().Format(time.RFC3339))
 }
 
-// Is makes errors.Is(err, ErrConflict) true.
-func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+// Is makes errors.Is(err, ErrConflict) and errors.Is(err, kv.ErrConflict)
+// true.
+func (e *ConflictError) Is(target error) bool {
+	return target == ErrConflict || target == kv.ErrConflict
+}
 
 // UnavailableError reports that a resource cannot be leased in its state.
 // It matches ErrUnavailable.
@@ -71,8 +75,11 @@ func (e *UnavailableError) Error() string {
 	return msg
 }
 
-// Is makes errors.Is(err, ErrUnavailable) true.
-func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
+// Is makes errors.Is(err, ErrUnavailable) and errors.Is(err,
+// kv.ErrUnavailable) true.
+func (e *UnavailableError) Is(target error) bool {
+	return target == ErrUnavailable || target == kv.ErrUnavailable
+}
 
 // IllegalMoveError reports a refused resource state move. It matches
 // ErrIllegalMove.

@@ -11,10 +11,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/internal/rpc"
 	"github.com/gantry-dev/gantry/jobs"
+	"github.com/gantry-dev/gantry/kv"
+	"github.com/gantry-dev/gantry/tasks"
 )
 
 // elect campaigns for the leader lease and, once held, renews it every
@@ -182,7 +186,8 @@ func (r *runner) startFollowing(ctx context.Context) {
 	if err != nil {
 		s.log.Warn("follow task events; runs end only by reconciliation", "err", err)
 	}
-	r.trigSub, err = s.js.Conn().Subscribe(wire.SubjectSchedulerTrigger, r.serveTrigger)
+	r.trigSvc, err = rpc.AddService(s.js.Conn(), wire.SchedulerServiceName, "gantry scheduler (the leader): fire a job now",
+		rpc.Endpoint{Name: "trigger", Subject: wire.SubjectSchedulerTrigger, Handler: r.serveTrigger})
 	if err == nil {
 		err = s.js.Conn().Flush()
 	}
@@ -191,24 +196,43 @@ func (r *runner) startFollowing(ctx context.Context) {
 	}
 }
 
-func (r *runner) serveTrigger(m *nats.Msg) {
-	respond := func(rep wire.TriggerReply) {
-		data, _ := json.Marshal(rep)
-		_ = m.Respond(data)
+// The trigger service's refusals, by the kv vocabulary they match.
+var (
+	errNotLeading = kv.Sentinel("this scheduler does not lead (any more): try again", kv.ErrUnavailable)
+	errStopping   = kv.Sentinel("the scheduler is stopping: try again", kv.ErrUnavailable)
+	errOverlap    = kv.Sentinel("the job forbids overlap", kv.ErrConflict)
+)
+
+// triggerReply is the loop's answer to a trigger request.
+type triggerReply struct {
+	run wire.JobRun
+	err error
+}
+
+func (r *runner) serveTrigger(m micro.Request) {
+	respond := func(v any, err error) {
+		if rerr := rpc.Respond(m, v, err); rerr != nil {
+			r.s.log.Warn("trigger reply not sent", "err", rerr)
+		}
 	}
 	var req wire.TriggerRequest
-	if err := json.Unmarshal(m.Data, &req); err != nil || req.Job == "" {
-		respond(wire.TriggerReply{Error: "want {\"job\": NAME}", Code: "invalid"})
+	if err := rpc.Decode(m, &req); err != nil {
+		respond(nil, err)
 		return
 	}
-	tr := triggerReq{job: req.Job, reply: make(chan wire.TriggerReply, 1)}
+	if req.Job == "" {
+		respond(nil, fmt.Errorf("%w: want {\"job\": NAME}", kv.ErrInvalid))
+		return
+	}
+	tr := triggerReq{job: req.Job, reply: make(chan triggerReply, 1)}
 	select {
 	case r.triggers <- tr:
 	case <-r.done:
-		respond(wire.TriggerReply{Error: "scheduler stopping"})
+		respond(nil, errStopping)
 		return
 	}
-	respond(<-tr.reply)
+	rep := <-tr.reply
+	respond(rep.run, rep.err)
 }
 
 // unlead stops everything only a leader does.
@@ -224,9 +248,9 @@ func (r *runner) unlead(reason string) {
 		r.consume.Stop()
 		r.consume = nil
 	}
-	if r.trigSub != nil {
-		_ = r.trigSub.Unsubscribe()
-		r.trigSub = nil
+	if r.trigSvc != nil {
+		_ = r.trigSvc.Stop()
+		r.trigSvc = nil
 	}
 	if r.reconcile != nil {
 		r.reconcile.Stop()
@@ -372,16 +396,16 @@ func (r *runner) fire(en *entry, pf plannedFire, now time.Time, counts *taskCoun
 	}
 	task := wire.Task{ID: id, Payload: j.Payload, Resource: j.Resource, Priority: j.Priority,
 		MaxAttempts: j.MaxAttempts, Timeout: j.Timeout}
-	msg := nats.NewMsg(wire.TaskSubject(j.Queue, j.Type))
-	msg.Data, _ = json.Marshal(task)
-	msg.Header.Set(jetstream.MsgIDHeader, id)
-	msg.Header.Set(wire.HeaderJob, j.Name)
-	msg.Header.Set(wire.HeaderPlanned, pf.at.UTC().Format(time.RFC3339Nano))
-	p := &pub{en: en, msg: msg, run: wire.JobRun{
+	msg, err := tasks.NewMsg(j.Queue, j.Type, task)
+	p := &pub{en: en, msg: msg, err: err, run: wire.JobRun{
 		Job: j.Name, TaskID: id, Planned: pf.at, Fired: now, Trigger: pf.trigger,
 		State: wire.TaskWaiting, Machine: r.s.host, Term: r.lead.Term,
 	}}
-	p.f, p.err = r.s.js.PublishMsgAsync(msg)
+	if err == nil {
+		msg.Header.Set(wire.HeaderJob, j.Name)
+		msg.Header.Set(wire.HeaderPlanned, pf.at.UTC().Format(time.RFC3339Nano))
+		p.f, p.err = r.s.js.PublishMsgAsync(msg)
+	}
 	en.state.Active = append(en.state.Active, wire.ActiveRun{TaskID: id, Planned: pf.at})
 	if n := len(en.state.Active) - maxActivePerJob; n > 0 {
 		for _, a := range en.state.Active[:n] {
@@ -403,7 +427,11 @@ func (r *runner) fire(en *entry, pf plannedFire, now time.Time, counts *taskCoun
 // cancelActive asks the workers to cancel a job's unfinished runs.
 func (r *runner) cancelActive(en *entry) {
 	for _, a := range en.state.Active {
-		if err := r.s.js.Conn().Publish(wire.SubjectTaskCancel, []byte(a.TaskID)); err != nil {
+		data, err := json.Marshal(wire.TaskCancelRequest{ID: a.TaskID})
+		if err == nil {
+			err = r.s.js.Conn().Publish(wire.SubjectTaskCancel, data)
+		}
+		if err != nil {
 			r.s.log.Warn("cancel replaced run", "task_id", a.TaskID, "err", err)
 			continue
 		}
@@ -442,7 +470,8 @@ func (r *runner) complete(ctx context.Context, pubs []*pub) {
 func (r *runner) record(ctx context.Context, pubs []*pub) {
 	for _, p := range pubs {
 		ack, err := p.ack, p.err
-		for try := 0; err != nil && try < 3 && ctx.Err() == nil; try++ {
+		// A task that could not be built is not published again.
+		for try := 0; err != nil && p.msg != nil && try < 3 && ctx.Err() == nil; try++ {
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			ack, err = r.s.js.PublishMsg(cctx, p.msg)
 			cancel()
@@ -476,32 +505,32 @@ func (r *runner) record(ctx context.Context, pubs []*pub) {
 // trigger fires a job now, on an operator's request: regardless of pause,
 // window, budget, cooldown and concurrency, but not into an overlap the
 // job forbids.
-func (r *runner) trigger(ctx context.Context, name string) wire.TriggerReply {
+func (r *runner) trigger(ctx context.Context, name string) (wire.JobRun, error) {
 	if !r.leader {
-		return wire.TriggerReply{Error: "this scheduler no longer leads; try again"}
+		return wire.JobRun{}, errNotLeading
 	}
 	if err := r.catchUp(ctx); err != nil {
-		return wire.TriggerReply{Error: err.Error()}
+		return wire.JobRun{}, err
 	}
 	en := r.entries[name]
 	if en == nil {
-		return wire.TriggerReply{Error: fmt.Sprintf("job %q not found", name), Code: "not_found"}
+		return wire.JobRun{}, fmt.Errorf("job %q: %w", name, jobs.ErrNotFound)
 	}
 	if err := r.fenced(ctx); err != nil {
-		return wire.TriggerReply{Error: "fencing check failed: " + err.Error()}
+		return wire.JobRun{}, fmt.Errorf("fencing check failed: %v: %w", err, errNotLeading)
 	}
 	if len(en.state.Active) > 0 && en.spec.Job.Overlap == wire.OverlapForbid {
-		return wire.TriggerReply{Error: fmt.Sprintf("job %s forbids overlap and run %s has not finished",
-			name, en.state.Active[len(en.state.Active)-1].TaskID), Code: "conflict"}
+		return wire.JobRun{}, fmt.Errorf("job %s: run %s has not finished and %w",
+			name, en.state.Active[len(en.state.Active)-1].TaskID, errOverlap)
 	}
 	now := r.s.clock.Now()
 	p := r.fire(en, plannedFire{at: now, trigger: wire.TriggerManual}, now, nil)
 	r.complete(ctx, []*pub{p})
 	r.flush(ctx)
 	if r.active[p.run.TaskID] == nil {
-		return wire.TriggerReply{Error: "task could not be published"}
+		return wire.JobRun{}, errors.New("task could not be published")
 	}
-	return wire.TriggerReply{Run: &p.run}
+	return p.run, nil
 }
 
 // taskCounts is how many tasks the tasks stream holds (waiting or

@@ -12,8 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
@@ -74,7 +74,7 @@ type leaderChange struct {
 
 type triggerReq struct {
 	job   string
-	reply chan wire.TriggerReply
+	reply chan triggerReply
 }
 
 // runner is the state of one Run: owned by the loop goroutine, except
@@ -101,7 +101,7 @@ type runner struct {
 	events    chan jetstream.Msg
 	consume   jetstream.ConsumeContext
 	triggers  chan triggerReq
-	trigSub   *nats.Subscription
+	trigSvc   micro.Service
 	reconcile clock.Timer
 
 	pending []jetstream.PubAckFuture
@@ -235,7 +235,8 @@ func (r *runner) loop(ctx context.Context) error {
 			r.flush(ctx)
 			r.arm()
 		case tr := <-r.triggers:
-			tr.reply <- r.trigger(ctx, tr.job)
+			run, err := r.trigger(ctx, tr.job)
+			tr.reply <- triggerReply{run: run, err: err}
 			r.arm()
 		case found := <-r.reconciled:
 			r.reconciledRuns(ctx, found)

@@ -13,7 +13,9 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
+	"github.com/gantry-dev/gantry/internal/rpc"
 	"github.com/gantry-dev/gantry/jobs"
+	"github.com/gantry-dev/gantry/kv"
 )
 
 func TestEveryFiresTasks(t *testing.T) {
@@ -245,7 +247,14 @@ func TestOverlapReplaceCancels(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cancels := make(chan string, 4)
-	sub, err := b.env.NC.Subscribe(wire.SubjectTaskCancel, func(m *nats.Msg) { cancels <- string(m.Data) })
+	sub, err := b.env.NC.Subscribe(wire.SubjectTaskCancel, func(m *nats.Msg) {
+		var req wire.TaskCancelRequest
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			cancels <- "malformed: " + string(m.Data)
+			return
+		}
+		cancels <- req.ID
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,35 +343,37 @@ func TestTrigger(t *testing.T) {
 	b := setup(t)
 	b.start(Config{}, true)
 	b.addJob(wire.Job{Name: "manual", Type: "noop", Every: "1h", Overlap: wire.OverlapForbid, Paused: true})
-	ask := func(job string) wire.TriggerReply {
+	ask := func(job string) (wire.JobRun, error) {
 		t.Helper()
-		data, _ := json.Marshal(wire.TriggerRequest{Job: job})
-		m, err := b.env.NC.Request(wire.SubjectSchedulerTrigger, data, 10*time.Second)
-		if errors.Is(err, nats.ErrNoResponders) {
-			return wire.TriggerReply{Code: "no_responders"}
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		var rep wire.TriggerReply
-		if err := json.Unmarshal(m.Data, &rep); err != nil {
-			t.Fatal(err)
-		}
-		return rep
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var run wire.JobRun
+		err := rpc.Request(ctx, b.env.NC, wire.SubjectSchedulerTrigger, wire.TriggerRequest{Job: job}, &run)
+		return run, err
 	}
-	var rep wire.TriggerReply
-	b.waitFor("the job loaded", func() bool { rep = ask("manual"); return rep.Code != "not_found" && rep.Code != "no_responders" })
-	if rep.Run == nil || rep.Run.Trigger != wire.TriggerManual {
-		t.Fatalf("trigger = %+v, want a manual run (a paused job can be triggered by hand)", rep)
+	var (
+		run wire.JobRun
+		err error
+	)
+	b.waitFor("the job loaded", func() bool {
+		run, err = ask("manual")
+		return !errors.Is(err, kv.ErrNotFound) && !errors.Is(err, rpc.ErrNoResponders)
+	})
+	if err != nil || run.Trigger != wire.TriggerManual {
+		t.Fatalf("trigger = %+v, %v; want a manual run (a paused job can be triggered by hand)", run, err)
 	}
-	if got := b.waitTasks(1); got[0].id != rep.Run.TaskID {
-		t.Errorf("task = %q, want %q", got[0].id, rep.Run.TaskID)
+	if got := b.waitTasks(1); got[0].id != run.TaskID {
+		t.Errorf("task = %q, want %q", got[0].id, run.TaskID)
 	}
-	if rep := ask("manual"); rep.Code != "conflict" {
-		t.Errorf("second trigger while running = %+v, want code conflict", rep)
+	var re *rpc.Error
+	if _, err := ask("manual"); !errors.Is(err, kv.ErrConflict) || !errors.As(err, &re) || re.Code != rpc.CodeConflict {
+		t.Errorf("second trigger while running = %v, want a 409 matching kv.ErrConflict", err)
 	}
-	if rep := ask("nope"); rep.Code != "not_found" {
-		t.Errorf("trigger of a missing job = %+v, want code not_found", rep)
+	if _, err := ask("nope"); !errors.Is(err, kv.ErrNotFound) || !errors.As(err, &re) || re.Code != rpc.CodeNotFound {
+		t.Errorf("trigger of a missing job = %v, want a 404 matching kv.ErrNotFound", err)
+	}
+	if _, err := ask(""); !errors.Is(err, kv.ErrInvalid) {
+		t.Errorf("trigger without a job = %v, want a 400 matching kv.ErrInvalid", err)
 	}
 }
 

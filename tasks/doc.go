@@ -7,6 +7,9 @@
 //   - CheckpointStore (gantry_checkpoints): a task's last checkpoint, its
 //     operation keys (a step guarded by one runs once even when the task is
 //     redelivered) and the dedupe keys of submitted tasks.
+//   - NewMsg, the one builder of a task message (subject, body,
+//     Nats-Msg-Id): the client's Submit and Retry and the scheduler's fires
+//     all publish what it builds.
 //
 // Errors match the kv vocabulary: errors.Is(err, ErrNotFound) and
 // errors.Is(err, kv.ErrNotFound) both hold for a missing task.

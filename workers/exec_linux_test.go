@@ -48,7 +48,7 @@ func TestExecLeavesNoProcess(t *testing.T) {
 				{"fail", "exit 3", `,"max_attempts":1`, func(*testing.T, string) {}, wire.TaskNeedsReview},
 				{"timeout", "sleep 300", `,"timeout":"1s","max_attempts":1`, func(*testing.T, string) {}, wire.TaskNeedsReview},
 				{"cancel", "sleep 300", "", func(t *testing.T, id string) {
-					if err := b.env.NC.Publish(wire.SubjectTaskCancel, []byte(id)); err != nil {
+					if err := b.env.NC.Publish(wire.SubjectTaskCancel, cancelRequest(t, id)); err != nil {
 						t.Fatal(err)
 					}
 				}, wire.TaskCancelled},

@@ -112,7 +112,7 @@ func TestExecCancelKillsTree(t *testing.T) {
 		Cmd: []string{"sh", "-c", treeScript}, Env: map[string]string{"PIDS": pidFile},
 	}, ""))
 	pids := readPids(t, pidFile, 3)
-	if err := b.env.NC.Publish(wire.SubjectTaskCancel, []byte("tree-2")); err != nil {
+	if err := b.env.NC.Publish(wire.SubjectTaskCancel, cancelRequest(t, "tree-2")); err != nil {
 		t.Fatal(err)
 	}
 	b.waitState(t, "tree-2", wire.TaskCancelled, 15*time.Second)

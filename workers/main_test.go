@@ -15,6 +15,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/proctree"
+	"github.com/gantry-dev/gantry/internal/rpc"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -220,3 +221,23 @@ func payload(t *testing.T, ev wire.Event) map[string]any {
 var fastPolicy = Policy{BackoffBase: 50 * time.Millisecond, BackoffMax: time.Second, Delay: 100 * time.Millisecond, Timeout: 20 * time.Second}
 
 var errFlaky = errors.New("flaky")
+
+// cancelRequest is the body of a cancel request for task id.
+func cancelRequest(t *testing.T, id string) []byte {
+	t.Helper()
+	data, err := json.Marshal(wire.TaskCancelRequest{ID: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// askCancel asks the workers to cancel task id, as 'gantry task cancel'
+// does, and returns the answer of the one that records the task's end.
+func askCancel(b *bundle, id string, wait time.Duration) (wire.TaskCancelReply, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	var reply wire.TaskCancelReply
+	err := rpc.Request(ctx, b.env.NC, wire.SubjectTaskCancel, wire.TaskCancelRequest{ID: id}, &reply)
+	return reply, err
+}

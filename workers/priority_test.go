@@ -170,10 +170,10 @@ func TestPriorityCancelWhileHeld(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if reply, err := b.env.NC.Request(wire.SubjectTaskCancel, []byte("doomed"), 5*time.Second); err != nil || string(reply.Data) != "dropped" {
-		t.Fatalf("cancel doomed = %v, %v; want the sorter's answer", reply, err)
+	if reply, err := askCancel(b, "doomed", 5*time.Second); err != nil || reply.Action != wire.CancelDropped || reply.ID != "doomed" {
+		t.Fatalf("cancel doomed = %+v, %v; want the sorter's answer", reply, err)
 	}
-	if _, err := b.env.NC.Request(wire.SubjectTaskCancel, []byte("next"), 300*time.Millisecond); !errors.Is(err, nats.ErrTimeout) {
+	if _, err := askCancel(b, "next", 300*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("cancel next = %v, want no answer", err)
 	}
 	b.publish(t, subject, `{"id":"last"}`)
@@ -284,7 +284,7 @@ func TestPriorityForeignCancelLeavesHeldTask(t *testing.T) {
 	b.waitHeld(t, "urgent", 0)
 	b.publish(t, subject, `{"id":"run-1"}`)
 	b.waitHeld(t, "urgent", 1)
-	if _, err := b.env.NC.Request(wire.SubjectTaskCancel, []byte("run-1"), 300*time.Millisecond); !errors.Is(err, nats.ErrTimeout) {
+	if _, err := askCancel(b, "run-1", 300*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("cancel of an unrecorded task = %v, want no answer", err)
 	}
 	close(rec.release)

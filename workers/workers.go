@@ -13,11 +13,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
 	"github.com/gantry-dev/gantry/internal/proctree"
+	"github.com/gantry-dev/gantry/internal/rpc"
 	"github.com/gantry-dev/gantry/lease"
 	"github.com/gantry-dev/gantry/tasks"
 )
@@ -285,11 +287,14 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 		w.runners.Wait()
 	}()
 
-	cancelSub, err := w.nc.Subscribe(wire.SubjectTaskCancel, w.cancelRunning)
+	// Every worker process hears every cancel request: only the one
+	// running (or holding) the task answers.
+	cancelSvc, err := rpc.AddService(w.nc, wire.WorkersServiceName, "gantry workers: cancel a running or held task",
+		rpc.Endpoint{Name: "cancel", Subject: wire.SubjectTaskCancel, Handler: w.cancelRunning, Everyone: true})
 	if err != nil {
-		return fmt.Errorf("subscribe %s: %w", wire.SubjectTaskCancel, err)
+		return err
 	}
-	defer func() { _ = cancelSub.Unsubscribe() }()
+	defer func() { _ = cancelSvc.Stop() }()
 
 	// The consumers and sorters started so far; stopTaking stops them and
 	// waits for the tasks they delivered, on a failed start or a stop.
@@ -488,40 +493,45 @@ func (w *Workers) runner(ctx context.Context, j job) {
 	}
 }
 
-func (w *Workers) cancelRunning(m *nats.Msg) {
-	id := string(m.Data)
+// cancelRunning handles a cancel request: the task's context ends if this
+// process runs it, a sorter drops it if one holds it, and only then is the
+// request answered, so the canceller knows who records the task's end.
+func (w *Workers) cancelRunning(req micro.Request) {
+	var in wire.TaskCancelRequest
+	if err := rpc.Decode(req, &in); err != nil {
+		w.answerCancel(req, wire.TaskCancelReply{}, err)
+		return
+	}
+	id := in.ID
 	w.rmu.Lock()
 	cancel := w.running[id]
 	w.rmu.Unlock()
 	if cancel == nil {
-		w.cancelHeld(m, id)
+		w.cancelHeld(req, id)
 		return
 	}
 	w.log.Info("cancelling task", "task_id", id)
 	cancel(ErrCancelled)
-	// The reply tells `gantry task cancel` that this worker records the
+	// The answer tells `gantry task cancel` that this worker records the
 	// task's end, so the CLI neither removes its message nor finishes it a
 	// second time.
-	if m.Reply != "" {
-		if err := m.Respond([]byte("cancelling")); err != nil {
-			w.log.Warn("answer cancel request", "task_id", id, "err", err)
-		}
-	}
+	w.answerCancel(req, wire.TaskCancelReply{ID: id, Action: wire.CancelStopping, Worker: w.cfg.Name}, nil)
 }
 
 // cancelHeld drops task id if a sorter of this process holds it, and
 // answers for it as for a running task.
-func (w *Workers) cancelHeld(m *nats.Msg, id string) {
+func (w *Workers) cancelHeld(req micro.Request, id string) {
 	for _, s := range w.sorters {
-		if !s.cancelled(id) {
-			continue
+		if s.cancelled(id) {
+			w.answerCancel(req, wire.TaskCancelReply{ID: id, Action: wire.CancelDropped, Worker: w.cfg.Name}, nil)
+			return
 		}
-		if m.Reply != "" {
-			if err := m.Respond([]byte("dropped")); err != nil {
-				w.log.Warn("answer cancel request", "task_id", id, "err", err)
-			}
-		}
-		return
+	}
+}
+
+func (w *Workers) answerCancel(req micro.Request, reply wire.TaskCancelReply, err error) {
+	if err := rpc.Respond(req, reply, err); err != nil {
+		w.log.Warn("answer cancel request", "task_id", reply.ID, "err", err)
 	}
 }
 

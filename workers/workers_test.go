@@ -303,7 +303,7 @@ func TestCancelRunning(t *testing.T) {
 	b.waitEvents(t, "c1", wire.EventTaskStarted, 1, 10*time.Second)
 	deadline := time.Now().Add(10 * time.Second)
 	for len(b.eventsOf("c1", wire.EventTaskFinished)) == 0 && time.Now().Before(deadline) {
-		if err := b.env.NC.Publish(wire.SubjectTaskCancel, []byte("c1")); err != nil {
+		if err := b.env.NC.Publish(wire.SubjectTaskCancel, cancelRequest(t, "c1")); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -404,7 +404,7 @@ func TestTaskRetention(t *testing.T) {
 	b.publish(t, wire.TaskSubject("", "perm"), `{"id":"failed"}`)
 	b.publish(t, wire.TaskSubject("", "busy"), `{"id":"stuck"}`)
 	b.waitEvents(t, "cancelled", wire.EventTaskStarted, 1, 10*time.Second)
-	if err := b.env.NC.Publish(wire.SubjectTaskCancel, []byte("cancelled")); err != nil {
+	if err := b.env.NC.Publish(wire.SubjectTaskCancel, cancelRequest(t, "cancelled")); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"ok", "cancelled", "failed", "stuck"} {

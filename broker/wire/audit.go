@@ -20,6 +20,11 @@ const (
 	// so a backup can be fetched from any machine. Objects expire after an
 	// hour.
 	BucketAuditBackups = "gantry_audit_backups"
+
+	// AuditBackupManifest is the file a fetched backup carries next to the
+	// store's files: the AuditBackupReply, with each file's size and
+	// SHA-256.
+	AuditBackupManifest = "gantry-audit-backup.json"
 )
 
 // EventAuditMalformed is the type of the record auditd stores in place of a
@@ -45,6 +50,18 @@ type AuditQuery struct {
 	// Cursor continues a previous page: the Cursor of its AuditPage, sent
 	// with the same filters.
 	Cursor string `json:"cursor,omitempty"`
+}
+
+// Matches reports whether ev passes every field filter of q (its task,
+// resource, route, job, type and level; not its time range), as auditd's
+// query answers it. A live tail filters with it the same way.
+func (q *AuditQuery) Matches(ev *Event) bool {
+	return (q.TaskID == "" || ev.TaskID == q.TaskID) &&
+		(q.ResourceID == "" || ev.ResourceID == q.ResourceID) &&
+		(q.RouteID == "" || ev.RouteID == q.RouteID) &&
+		(q.JobID == "" || ev.JobID == q.JobID) &&
+		(q.Type == "" || ev.Type == q.Type) &&
+		(q.Level == "" || ev.Level == q.Level)
 }
 
 // AuditPage is the reply on SubjectAuditQuery: one page of events, oldest

@@ -15,10 +15,15 @@ const (
 	// SubjectRouteReportAll matches every route report.
 	SubjectRouteReportAll = SubjectRouteReportPrefix + ".*"
 
-	// SubjectRouteProbe is the NATS service endpoint healthd answers to
-	// probe one route now (`gantry route probe ID`). Request: RouteProbeRequest;
-	// reply: RouteProbeReply.
+	// SubjectRouteProbe is the endpoint of the "gantry-health" service:
+	// healthd probes one route now (`gantry route probe ID`). Request:
+	// RouteProbeRequest; reply: RouteProbeReply; a route healthd does not
+	// probe is a 404.
 	SubjectRouteProbe = "gantry.api.route.probe"
+
+	// HealthServiceName is the micro service healthd registers (`nats micro
+	// ls`).
+	HealthServiceName = "gantry-health"
 )
 
 // RouteReportSubject returns the subject a failure of real traffic through
@@ -106,15 +111,13 @@ type RouteProbeRequest struct {
 	ID string `json:"id"`
 }
 
-// RouteProbeReply is healthd's answer to a RouteProbeRequest.
+// RouteProbeReply is healthd's answer to a RouteProbeRequest: a probe ran.
+// Why none ran is the answer's error (see docs/protocol.md).
 type RouteProbeReply struct {
-	// Result is the probe's outcome; nil when Error is set.
+	// Result is the probe's outcome.
 	Result *HealthResult `json:"result,omitempty"`
 	// Route is the route's state after the probe.
 	Route *Route `json:"route,omitempty"`
-	// Error says why no probe ran; NotFound marks an unknown route.
-	Error    string `json:"error,omitempty"`
-	NotFound bool   `json:"not_found,omitempty"`
 }
 
 // RedactProxy returns a route's proxy URL with its password replaced, for

@@ -194,23 +194,20 @@ type SchedulerLeader struct {
 }
 
 // TriggerRequest is the body of a request on SubjectSchedulerTrigger, sent
-// by `gantry job trigger`; the leading scheduler answers with a
-// TriggerReply.
+// by `gantry job trigger`. The leading scheduler answers with the JobRun it
+// started; a job that does not exist is a 404, one whose unfinished run
+// forbids another a 409, a scheduler that no longer leads a 503.
 type TriggerRequest struct {
 	Job string `json:"job"`
 }
 
-// TriggerReply answers a TriggerRequest: the run started, or why not.
-type TriggerReply struct {
-	Run   *JobRun `json:"run,omitempty"`
-	Error string  `json:"error,omitempty"`
-	// Code is "not_found" or "conflict" when Error is set for those reasons.
-	Code string `json:"code,omitempty"`
-}
-
-// SubjectSchedulerTrigger is the request-reply subject only the leading
-// scheduler answers: fire a job now.
+// SubjectSchedulerTrigger is the endpoint of the "gantry-scheduler" service
+// that only the leading scheduler registers: fire a job now.
 const SubjectSchedulerTrigger = "gantry.api.scheduler.trigger"
+
+// SchedulerServiceName is the micro service the leading scheduler registers
+// (`nats micro ls`): its endpoint is SubjectSchedulerTrigger.
+const SchedulerServiceName = "gantry-scheduler"
 
 // JobTaskID returns the deterministic id (and Nats-Msg-Id) of the task a job
 // fires for a planned time, so that two schedulers firing the same planned

@@ -30,7 +30,6 @@ func TestJobGolden(t *testing.T) {
 			RecentFires: []time.Time{t0},
 		},
 		"scheduler_leader": SchedulerLeader{ID: "sched-a", Host: "plant-pc-1", Term: 3, Since: t0},
-		"trigger_reply":    TriggerReply{Error: "job poll-plc is running task poll-plc-1", Code: "conflict"},
 	}
 	for name, v := range cases {
 		golden(t, name, v)

@@ -113,11 +113,42 @@ const (
 	ErrorClassPermanent = "permanent"
 )
 
-// SubjectTaskCancel is where `gantry task cancel` announces a cancelled task
-// (core NATS request, body: the task id); the worker running it stops it and
-// answers, so the CLI knows that worker records the task's end. The
-// scheduler's overlap policy replace publishes here without waiting.
+// SubjectTaskCancel is the endpoint of the "gantry-workers" service where
+// `gantry task cancel` announces a cancelled task: a TaskCancelRequest,
+// delivered to every worker process. Only the worker running the task (or
+// the sorter holding it) answers, with a TaskCancelReply, and records the
+// task's end; the others stay silent. The scheduler's overlap policy
+// replace publishes here without waiting for an answer.
 const SubjectTaskCancel = "gantry.control.task.cancel"
+
+// WorkersServiceName is the micro service every worker process registers
+// (`nats micro ls`): its endpoint is SubjectTaskCancel.
+const WorkersServiceName = "gantry-workers"
+
+// TaskCancelRequest is the body of a request on SubjectTaskCancel.
+type TaskCancelRequest struct {
+	ID string `json:"id"`
+}
+
+// The actions of a TaskCancelReply.
+const (
+	// CancelStopping: a worker is stopping the running task (an exec
+	// task's whole process tree is killed).
+	CancelStopping = "stopping"
+	// CancelDropped: a prioritized queue's sorter dropped the task it
+	// held.
+	CancelDropped = "dropped"
+)
+
+// TaskCancelReply is the answer of the worker that records a cancelled
+// task's end.
+type TaskCancelReply struct {
+	ID string `json:"id"`
+	// Action is CancelStopping or CancelDropped.
+	Action string `json:"action"`
+	// Worker names the worker process that answered.
+	Worker string `json:"worker,omitempty"`
+}
 
 // EnvCheckpointFile names, in an exec'd process's environment, a file that
 // holds the task's last checkpoint (JSON, or empty) and that the process may

@@ -27,6 +27,8 @@ func TestWorkerGolden(t *testing.T) {
 			ID: "task-1", Type: "resize", Queue: "default", Attempt: 1, Payload: json.RawMessage(`{"w":10}`),
 			Checkpoint: &Checkpoint{Stage: "s", UpdatedAt: t0}, Deadline: t0,
 		},
+		"task_cancel_request": TaskCancelRequest{ID: "task-1"},
+		"task_cancel_reply":   TaskCancelReply{ID: "task-1", Action: CancelStopping, Worker: "pc-1-123"},
 	}
 	for name, v := range cases {
 		t.Run(name, func(t *testing.T) {

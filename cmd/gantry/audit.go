@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -12,12 +11,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/gantry-dev/gantry/auditd"
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/client"
 )
 
 func (a *app) auditCommand() *cobra.Command {
@@ -157,52 +156,38 @@ With --json it prints one document: {"events": [...], "cursor": "..."}.`,
 }
 
 func (a *app) auditQuery(ctx context.Context, q wire.AuditQuery, all bool) error {
-	nc, _, err := a.client.connect("gantry-audit-query")
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	var out wire.AuditPage
-	for {
-		rctx, cancel := context.WithTimeout(ctx, a.client.timeout)
-		page, err := auditd.Query(rctx, nc, q)
-		cancel()
-		if err != nil {
-			return auditServiceError(err)
+	return a.withClient(ctx, "gantry-audit-query", func(c *client.Client) error {
+		var out wire.AuditPage
+		for {
+			page, err := c.QueryAudit(ctx, q)
+			if err != nil {
+				return err
+			}
+			out.Events = append(out.Events, page.Events...)
+			out.Cursor = page.Cursor
+			if !all || page.Cursor == "" {
+				break
+			}
+			q.Cursor = page.Cursor
 		}
-		out.Events = append(out.Events, page.Events...)
-		out.Cursor = page.Cursor
-		if !all || page.Cursor == "" {
-			break
+		if out.Events == nil {
+			out.Events = []wire.Event{}
 		}
-		q.Cursor = page.Cursor
-	}
-	if out.Events == nil {
-		out.Events = []wire.Event{}
-	}
-	if a.json {
-		return a.printJSON(out)
-	}
-	rows := make([][]string, 0, len(out.Events))
-	for _, ev := range out.Events {
-		rows = append(rows, eventRow(&ev))
-	}
-	if err := a.printTable(eventHeader, rows); err != nil {
-		return err
-	}
-	if out.Cursor != "" {
-		fmt.Fprintf(a.stderr, "more events match: add --cursor %s (or --all)\n", out.Cursor)
-	}
-	return nil
-}
-
-// auditServiceError maps the audit service's answers to exit codes.
-func auditServiceError(err error) error {
-	var se *auditd.ServiceError
-	if errors.As(err, &se) && se.Code == "400" {
-		return usageError("%v", se)
-	}
-	return err
+		if a.json {
+			return a.printJSON(out)
+		}
+		rows := make([][]string, 0, len(out.Events))
+		for _, ev := range out.Events {
+			rows = append(rows, eventRow(&ev))
+		}
+		if err := a.printTable(eventHeader, rows); err != nil {
+			return err
+		}
+		if out.Cursor != "" {
+			fmt.Fprintf(a.stderr, "more events match: add --cursor %s (or --all)\n", out.Cursor)
+		}
+		return nil
+	})
 }
 
 var eventHeader = []string{"TIME", "TYPE", "LEVEL", "HOST", "TASK", "RESOURCE", "ROUTE", "JOB", "MESSAGE"}
@@ -238,13 +223,13 @@ line.`,
 			if err != nil {
 				return err
 			}
-			var start *time.Time
+			var start time.Time
 			if since != "" {
 				t, err := parseWhen("--since", since, time.Now())
 				if err != nil {
 					return err
 				}
-				start = &t
+				start = t
 			}
 			if count < 0 {
 				return usageError("--count %d: want 0 (no limit) or more", count)
@@ -258,71 +243,36 @@ line.`,
 	return cmd
 }
 
-func (a *app) auditTail(ctx context.Context, q wire.AuditQuery, since *time.Time, count int) error {
+func (a *app) auditTail(ctx context.Context, q wire.AuditQuery, since time.Time, count int) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	nc, js, err := a.client.connect("gantry-audit-tail")
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	occ := jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{wire.SubjectAuditAll},
-		DeliverPolicy:  jetstream.DeliverNewPolicy,
-	}
-	if q.Type != "" {
-		occ.FilterSubjects = []string{q.Type.Subject()}
-	}
-	if since != nil {
-		occ.DeliverPolicy, occ.OptStartTime = jetstream.DeliverByStartTimePolicy, since
-	}
-	cctx, cancel := context.WithTimeout(ctx, a.client.timeout)
-	cons, err := js.OrderedConsumer(cctx, wire.StreamAudit, occ)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("follow %s: %w", wire.StreamAudit, err)
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("follow %s: %w", wire.StreamAudit, err)
-	}
-	go func() {
-		<-ctx.Done()
-		it.Stop()
-	}()
-	defer it.Stop()
-	if !a.json {
-		fmt.Fprintln(a.stdout, strings.Join(eventHeader, "  "))
-	}
-	printed := 0
-	for count == 0 || printed < count {
-		m, err := it.Next()
-		if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-			return nil
+	return a.withClient(ctx, "gantry-audit-tail", func(c *client.Client) error {
+		if !a.json {
+			fmt.Fprintln(a.stdout, strings.Join(eventHeader, "  "))
 		}
-		if err != nil {
-			return fmt.Errorf("follow %s: %w", wire.StreamAudit, err)
+		printed := 0
+		for ev, err := range c.TailAudit(ctx, q, since) {
+			if errors.Is(err, client.ErrMalformedEvent) {
+				fmt.Fprintf(a.stderr, "skipping %v\n", err)
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if a.json {
+				err = a.printJSONLine(ev)
+			} else {
+				_, err = fmt.Fprintln(a.stdout, strings.Join(eventRow(&ev), "  "))
+			}
+			if err != nil {
+				return err
+			}
+			if printed++; count > 0 && printed >= count {
+				return nil
+			}
 		}
-		var ev wire.Event
-		if err := json.Unmarshal(m.Data(), &ev); err != nil {
-			fmt.Fprintf(a.stderr, "skipping a malformed event on %s: %v\n", m.Subject(), err)
-			continue
-		}
-		if !auditd.Matches(&q, &ev) {
-			continue
-		}
-		wire.RedactEvent(&ev)
-		if a.json {
-			err = a.printJSONLine(ev)
-		} else {
-			_, err = fmt.Fprintln(a.stdout, strings.Join(eventRow(&ev), "  "))
-		}
-		if err != nil {
-			return err
-		}
-		printed++
-	}
-	return nil
+		return nil
+	})
 }
 
 func (a *app) auditBackupCommand() *cobra.Command {
@@ -351,28 +301,22 @@ with DIR copied to X/audit answers queries from it.`,
 }
 
 func (a *app) auditBackup(ctx context.Context, dir string, wait time.Duration) error {
-	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
-		return usageError("backup dir %s is not empty: name a new or empty directory", dir)
-	}
-	nc, _, err := a.client.connect("gantry-audit-backup")
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	reply, err := auditd.Backup(ctx, nc, dir)
-	if err != nil {
-		return auditServiceError(err)
-	}
-	if a.json {
-		return a.printJSON(reply)
-	}
-	var size int64
-	for _, f := range reply.Files {
-		size += f.Size
-	}
-	fmt.Fprintf(a.stdout, "audit store backed up into %s: %d files, %d bytes, taken %s\n",
-		dir, len(reply.Files), size, reply.Time.Local().Format(eventTimeLayout))
-	return nil
+	return a.withClient(ctx, "gantry-audit-backup", func(c *client.Client) error {
+		reply, err := c.BackupAudit(ctx, dir)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return a.printJSON(reply)
+		}
+		var size int64
+		for _, f := range reply.Files {
+			size += f.Size
+		}
+		fmt.Fprintf(a.stdout, "audit store backed up into %s: %d files, %d bytes, taken %s\n",
+			dir, len(reply.Files), size, reply.Time.Local().Format(eventTimeLayout))
+		return nil
+	})
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/gantry-dev/gantry/auditd"
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/rpc"
 )
 
 // auditEvents returns n events from t, alternating between cam1 and cam2
@@ -89,7 +90,7 @@ func TestAuditQueryAndBackupThroughRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var stats wire.AuditStats
-	if err := auditd.Request(ctx, nc, wire.SubjectAuditStats, struct{}{}, &stats); err != nil {
+	if err := rpc.Request(ctx, nc, wire.SubjectAuditStats, nil, &stats); err != nil {
 		t.Fatalf("audit stats: %v", err)
 	}
 	if want := (90 * 24 * time.Hour).String(); stats.Retention != want {
@@ -165,7 +166,7 @@ func TestAuditQueryAndBackupThroughRun(t *testing.T) {
 	if code != exitOK || !strings.Contains(stdout, "backed up") {
 		t.Fatalf("audit backup = exit %d, %q, %q", code, stdout, stderr)
 	}
-	if _, err := os.Stat(filepath.Join(dir, auditd.BackupManifest)); err != nil {
+	if _, err := os.Stat(filepath.Join(dir, wire.AuditBackupManifest)); err != nil {
 		t.Errorf("backup manifest: %v", err)
 	}
 	st, err := auditd.OpenStore(dir, auditd.StoreOptions{})

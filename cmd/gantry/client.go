@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/pflag"
+
+	"github.com/gantry-dev/gantry/client"
 )
 
 // clientFlags are the connection flags, named as the nats CLI names them.
@@ -32,35 +35,24 @@ func (c *clientFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&c.tlsCA, "tlsca", "", "CA certificate to verify the server with")
 	fs.StringVar(&c.tlsCert, "tlscert", "", "client TLS certificate")
 	fs.StringVar(&c.tlsKey, "tlskey", "", "client TLS private key")
-	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "how long a client request may take")
+	fs.DurationVar(&c.timeout, "timeout", client.DefaultTimeout, "how long a client request may take")
 }
 
-// options returns the nats.Options the flags ask for.
-func (c *clientFlags) options(name string) []nats.Option {
-	opts := []nats.Option{nats.Name(name), nats.Timeout(c.timeout)}
-	if c.creds != "" {
-		opts = append(opts, nats.UserCredentials(c.creds))
+// options returns the client options the flags ask for, for a connection
+// named name.
+func (c *clientFlags) options(name string) client.Options {
+	return client.Options{
+		Servers: c.server, Creds: c.creds, User: c.user, Password: c.password,
+		TLSCA: c.tlsCA, TLSCert: c.tlsCert, TLSKey: c.tlsKey, Name: name, Timeout: c.timeout,
 	}
-	if c.user != "" {
-		opts = append(opts, nats.UserInfo(c.user, c.password))
-	}
-	if c.tlsCA != "" {
-		opts = append(opts, nats.RootCAs(c.tlsCA))
-	}
-	if c.tlsCert != "" || c.tlsKey != "" {
-		opts = append(opts, nats.ClientCert(c.tlsCert, c.tlsKey))
-	}
-	return opts
 }
 
-// connect opens a client connection to the server the flags name.
+// connect opens the connection of a component process to the server the
+// flags name.
 func (c *clientFlags) connect(name string, extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(c.server, append(c.options(name), extra...)...)
-	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) {
-		return nil, nil, fmt.Errorf("connect to %s: %w (the server needs credentials: pass --user and --password, or --creds)", c.server, err)
-	}
+	nc, err := nats.Connect(c.server, append(c.options(name).NATSOptions(), extra...)...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to %s: %w (is gantry running? start it with 'gantry run', or point --server at it)", c.server, err)
+		return nil, nil, connectHint(fmt.Errorf("connect to %s: %w", c.server, err))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -68,4 +60,48 @@ func (c *clientFlags) connect(name string, extra ...nats.Option) (*nats.Conn, je
 		return nil, nil, fmt.Errorf("jetstream: %w", err)
 	}
 	return nc, js, nil
+}
+
+// connectHint says what to do about a failed connect.
+func connectHint(err error) error {
+	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) {
+		return fmt.Errorf("%w (the server needs credentials: pass --user and --password, or --creds)", err)
+	}
+	return fmt.Errorf("%w (is gantry running? start it with 'gantry run', or point --server at it)", err)
+}
+
+// connect opens the client of a client command (submit, task, lease,
+// resource, job, route, audit), named name. Its audit events name the
+// component "cli"; its stores log to stderr, so that an audit event they
+// could not publish is not lost silently.
+func (a *app) connect(ctx context.Context, name string, opts ...client.Option) (*client.Client, error) {
+	log, err := a.logger()
+	if err != nil {
+		return nil, err
+	}
+	opts = append([]client.Option{client.WithComponent("cli"), client.WithLogger(log)}, opts...)
+	c, err := client.Connect(ctx, a.client.options(name), opts...)
+	if err != nil {
+		return nil, connectHint(err)
+	}
+	return c, nil
+}
+
+// closeClient closes c once the command's audit events are stored. The
+// command's own outcome stands; an event that may be missing from the
+// audit trail is reported on stderr.
+func (a *app) closeClient(c *client.Client) {
+	if err := c.Close(); err != nil {
+		fmt.Fprintf(a.stderr, "gantry: %v (check 'gantry audit query')\n", err)
+	}
+}
+
+// withClient connects, runs fn and closes the client.
+func (a *app) withClient(ctx context.Context, name string, fn func(*client.Client) error, opts ...client.Option) error {
+	c, err := a.connect(ctx, name, opts...)
+	if err != nil {
+		return err
+	}
+	defer a.closeClient(c)
+	return fn(c)
 }

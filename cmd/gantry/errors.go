@@ -6,16 +6,18 @@ import (
 	"strings"
 
 	"github.com/gantry-dev/gantry/broker"
+	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/config"
 )
 
 // Exit codes of the contract.
 const (
-	exitOK       = 0
-	exitFailure  = 1
-	exitUsage    = 2
-	exitConflict = 3
-	exitNotFound = 4
+	exitOK          = 0
+	exitFailure     = 1
+	exitUsage       = 2
+	exitConflict    = 3
+	exitNotFound    = 4
+	exitWaitTimeout = 5
 )
 
 // exitError carries the exit code an error maps to.
@@ -40,7 +42,9 @@ func withCode(code int, err error) error {
 	return &exitError{code: code, err: err}
 }
 
-// exitCode maps err to the contract's exit codes.
+// exitCode maps err to the contract's exit codes: the one place where the
+// error vocabulary (client's, the same whether a local store or a remote
+// service answered) becomes a code.
 func exitCode(err error) int {
 	var ee *exitError
 	switch {
@@ -48,9 +52,14 @@ func exitCode(err error) int {
 		return exitOK
 	case errors.As(err, &ee):
 		return ee.code
-	case errors.Is(err, config.ErrInvalid), errors.Is(err, broker.ErrInsecureListen):
-		return exitUsage
-	case isCobraUsage(err):
+	case errors.Is(err, client.ErrConflict):
+		return exitConflict
+	case errors.Is(err, client.ErrNotFound):
+		return exitNotFound
+	case errors.Is(err, client.ErrGaveUp):
+		return exitWaitTimeout
+	case errors.Is(err, client.ErrInvalid), errors.Is(err, client.ErrExists), errors.Is(err, client.ErrIllegalMove),
+		errors.Is(err, config.ErrInvalid), errors.Is(err, broker.ErrInsecureListen), isCobraUsage(err):
 		return exitUsage
 	}
 	return exitFailure

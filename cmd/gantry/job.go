@@ -3,20 +3,15 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/gantry-dev/gantry/broker/wire"
-	"github.com/gantry-dev/gantry/internal/audit"
-	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/jobs"
 )
 
@@ -103,36 +98,34 @@ A bad definition exits 2 and is recorded as a CONFIG_REJECTED audit event.`,
 }
 
 func (a *app) jobAdd(ctx context.Context, name string, f *jobFlags) error {
-	j, defErr := f.job(name)
-	nc, js, err := a.client.connect("gantry-job")
-	if defErr != nil {
-		if err == nil {
-			a.rejectJob(ctx, js, name, defErr)
-			nc.Close()
+	j, err := f.job(name)
+	if err != nil {
+		return err
+	}
+	if verr := jobs.Validate(j); verr != nil {
+		// Bad input exits 2 whether or not the broker can be reached; when
+		// it can, the client records the refusal (CONFIG_REJECTED).
+		_ = a.withClient(ctx, "gantry-job", func(c *client.Client) error {
+			_, err := c.AddJob(ctx, j)
+			return err
+		})
+		return usageError("%v", verr)
+	}
+	return a.withClient(ctx, "gantry-job", func(c *client.Client) error {
+		info, err := c.AddJob(ctx, j)
+		if err != nil {
+			return err
 		}
-		return defErr
-	}
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	store, err := jobs.NewStore(ctx, js)
-	if err != nil {
-		return err
-	}
-	now := time.Now().UTC()
-	if j, err = jobs.Apply(ctx, store, j, now); err != nil {
-		return err
-	}
-	if a.json {
-		return a.printJSON(a.jobView(j, nil))
-	}
-	next, _ := jobs.NextFire(j, now)
-	fmt.Fprintf(a.stdout, "job %s saved; next fire %s\n", name, jobWhen(next))
-	return nil
+		if a.json {
+			return a.printJSON(info)
+		}
+		fmt.Fprintf(a.stdout, "job %s saved; next fire %s\n", name, jobWhenp(info.NextFire))
+		return nil
+	})
 }
 
-// job builds the definition the flags describe, normalized and checked.
+// job builds the definition the flags describe; the client checks it (and
+// records a bad one as a CONFIG_REJECTED event).
 func (f *jobFlags) job(name string) (wire.Job, error) {
 	if f.typ == "" {
 		return wire.Job{}, usageError("--type is required")
@@ -159,45 +152,7 @@ func (f *jobFlags) job(name string) (wire.Job, error) {
 		}
 		j.At = &at
 	}
-	j, err = jobs.Normalize(j)
-	if err != nil {
-		return wire.Job{}, usageError("%v", err)
-	}
 	return j, nil
-}
-
-// rejectJob records a refused job definition as a CONFIG_REJECTED event.
-func (a *app) rejectJob(ctx context.Context, js jetstream.JetStream, name string, defErr error) {
-	ctx, cancel := context.WithTimeout(ctx, a.client.timeout)
-	defer cancel()
-	_ = audit.NewEmitter(js, "cli", clock.Real{}).Emit(ctx, wire.Event{
-		Type: wire.EventConfigRejected, Level: wire.LevelWarn, JobID: name, Message: "job add: " + defErr.Error(),
-	})
-}
-
-// jobView is a job as the CLI prints it: the definition, its next fire
-// and what the scheduler last did with it.
-type jobView struct {
-	wire.Job
-	NextFire  *time.Time `json:"next_fire"`
-	LastFired *time.Time `json:"last_fired"`
-	Running   []string   `json:"running"`
-}
-
-func (a *app) jobView(j wire.Job, st *wire.JobState) jobView {
-	v := jobView{Job: j, Running: []string{}}
-	if !j.Paused {
-		if next, err := jobs.NextFire(j, time.Now()); err == nil && !next.IsZero() {
-			v.NextFire = &next
-		}
-	}
-	if st != nil {
-		v.LastFired = st.LastFired
-		for _, r := range st.Active {
-			v.Running = append(v.Running, r.TaskID)
-		}
-	}
-	return v
 }
 
 func jobTrigger(j wire.Job) string {
@@ -226,52 +181,17 @@ func jobWhenp(t *time.Time) string {
 	return jobWhen(*t)
 }
 
-// withJobStores connects, opens the job and scheduler stores, runs fn and
-// closes the connection.
-func (a *app) withJobStores(ctx context.Context, fn func(ctx context.Context, store *jobs.Store, st *jobs.SchedulerStore) error) error {
-	nc, js, err := a.client.connect("gantry-job")
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	store, err := jobs.NewStore(ctx, js)
-	if err != nil {
-		return err
-	}
-	st, err := jobs.NewSchedulerStore(ctx, js)
-	if err != nil {
-		return err
-	}
-	return fn(ctx, store, st)
-}
-
-// jobNotFound maps a missing job to exit code 4.
-func jobNotFound(err error) error {
-	if errors.Is(err, jobs.ErrNotFound) {
-		return withCode(exitNotFound, err)
-	}
-	return err
-}
-
 func (a *app) jobLsCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "ls",
 		Short: "List the jobs with their trigger, state and next fire",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withJobStores(cmd.Context(), func(ctx context.Context, store *jobs.Store, st *jobs.SchedulerStore) error {
-				list, bad, err := store.List(ctx)
+			ctx := cmd.Context()
+			return a.withClient(ctx, "gantry-job", func(c *client.Client) error {
+				views, bad, err := c.Jobs(ctx)
 				if err != nil {
 					return err
-				}
-				states, err := st.States(ctx)
-				if err != nil {
-					return err
-				}
-				views := make([]jobView, 0, len(list))
-				for _, j := range list {
-					s := states[j.Name]
-					views = append(views, a.jobView(j, &s))
 				}
 				for key, err := range bad {
 					fmt.Fprintf(a.stderr, "gantry: job %s: %v\n", key, err)
@@ -300,27 +220,23 @@ func (a *app) jobGetCommand() *cobra.Command {
 		Short: "Show one job (exit 4 if there is none of that name)",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withJobStores(cmd.Context(), func(ctx context.Context, store *jobs.Store, st *jobs.SchedulerStore) error {
-				j, _, err := store.Get(ctx, args[0])
-				if err != nil {
-					return jobNotFound(err)
-				}
-				s, err := st.State(ctx, j.Name)
+			ctx := cmd.Context()
+			return a.withClient(ctx, "gantry-job", func(c *client.Client) error {
+				v, err := c.Job(ctx, args[0])
 				if err != nil {
 					return err
 				}
-				v := a.jobView(j, &s)
 				if a.json {
 					return a.printJSON(v)
 				}
-				payload := string(j.Payload)
+				j := v.Job
 				rows := [][]string{
 					{"name", j.Name}, {"task", j.Queue + "/" + j.Type}, {"trigger", jobTrigger(j)},
 					{"timezone", cmp.Or(j.Timezone, "UTC")}, {"paused", strconv.FormatBool(j.Paused)},
 					{"windows", strings.Join(j.Windows, ", ")}, {"jitter", j.Jitter}, {"misfire", string(j.Misfire)},
 					{"overlap", string(j.Overlap)}, {"max per hour", strconv.Itoa(j.MaxPerHour)},
 					{"priority", strconv.Itoa(j.Priority)}, {"resource", j.Resource}, {"cooldown", j.Cooldown},
-					{"payload", payload}, {"description", j.Description}, {"next fire", jobWhenp(v.NextFire)},
+					{"payload", string(j.Payload)}, {"description", j.Description}, {"next fire", jobWhenp(v.NextFire)},
 					{"last fired", jobWhenp(v.LastFired)}, {"running", strings.Join(v.Running, ", ")},
 				}
 				return a.printTable([]string{"FIELD", "VALUE"}, rows)
@@ -335,9 +251,10 @@ func (a *app) jobRmCommand() *cobra.Command {
 		Short: "Remove a job; it does not fire again",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withJobStores(cmd.Context(), func(ctx context.Context, store *jobs.Store, _ *jobs.SchedulerStore) error {
-				if err := store.Delete(ctx, args[0]); err != nil {
-					return jobNotFound(err)
+			ctx := cmd.Context()
+			return a.withClient(ctx, "gantry-job", func(c *client.Client) error {
+				if err := c.RemoveJob(ctx, args[0]); err != nil {
+					return err
 				}
 				fmt.Fprintf(a.stdout, "job %s removed\n", args[0])
 				return nil
@@ -356,19 +273,20 @@ func (a *app) jobPauseCommand(pause bool) *cobra.Command {
 		Short: short,
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withJobStores(cmd.Context(), func(ctx context.Context, store *jobs.Store, _ *jobs.SchedulerStore) error {
-				j, err := store.Modify(ctx, args[0], func(j *wire.Job) error {
-					j.Paused = pause
-					j.UpdatedAt = time.Now().UTC()
-					return nil
-				})
+			ctx := cmd.Context()
+			return a.withClient(ctx, "gantry-job", func(c *client.Client) error {
+				set := c.ResumeJob
+				if pause {
+					set = c.PauseJob
+				}
+				v, err := set(ctx, args[0])
 				if err != nil {
-					return jobNotFound(err)
+					return err
 				}
 				if a.json {
-					return a.printJSON(a.jobView(j, nil))
+					return a.printJSON(v)
 				}
-				fmt.Fprintf(a.stdout, "job %s %s\n", j.Name, done)
+				fmt.Fprintf(a.stdout, "job %s %s\n", v.Name, done)
 				return nil
 			})
 		},
@@ -385,36 +303,18 @@ forbid whose previous run has not finished is refused (exit 3). Exits 4 if
 there is no such job, 1 if no scheduler runs.`,
 		Args: exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			nc, _, err := a.client.connect("gantry-job")
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			data, _ := json.Marshal(wire.TriggerRequest{Job: args[0]})
-			m, err := nc.Request(wire.SubjectSchedulerTrigger, data, a.client.timeout)
-			if errors.Is(err, nats.ErrNoResponders) {
-				return errors.New("no scheduler leads: start 'gantry run' or 'gantry scheduler'")
-			}
-			if err != nil {
-				return fmt.Errorf("trigger %s: %w", args[0], err)
-			}
-			var rep wire.TriggerReply
-			if err := json.Unmarshal(m.Data, &rep); err != nil {
-				return fmt.Errorf("trigger %s: bad reply: %w", args[0], err)
-			}
-			switch {
-			case rep.Code == "not_found":
-				return withCode(exitNotFound, errors.New(rep.Error))
-			case rep.Code == "conflict":
-				return withCode(exitConflict, errors.New(rep.Error))
-			case rep.Error != "" || rep.Run == nil:
-				return fmt.Errorf("trigger %s: %s", args[0], cmp.Or(rep.Error, "no run in the reply"))
-			}
-			if a.json {
-				return a.printJSON(rep.Run)
-			}
-			fmt.Fprintln(a.stdout, rep.Run.TaskID)
-			return nil
+			ctx := cmd.Context()
+			return a.withClient(ctx, "gantry-job", func(c *client.Client) error {
+				run, err := c.TriggerJob(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if a.json {
+					return a.printJSON(run)
+				}
+				fmt.Fprintln(a.stdout, run.TaskID)
+				return nil
+			})
 		},
 	}
 }
@@ -426,15 +326,11 @@ func (a *app) jobRunsCommand() *cobra.Command {
 		Short: "Show a job's latest runs: planned, started, finished, state, attempts, error, machines",
 		Args:  exactArgs(1, "NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withJobStores(cmd.Context(), func(ctx context.Context, store *jobs.Store, st *jobs.SchedulerStore) error {
-				runs, err := st.Runs(ctx, args[0], limit)
+			ctx := cmd.Context()
+			return a.withClient(ctx, "gantry-job", func(c *client.Client) error {
+				runs, err := c.JobRuns(ctx, args[0], limit)
 				if err != nil {
 					return err
-				}
-				if len(runs) == 0 {
-					if _, _, err := store.Get(ctx, args[0]); err != nil {
-						return jobNotFound(err)
-					}
 				}
 				if a.json {
 					if runs == nil {

@@ -211,3 +211,12 @@ func TestSchedulerRefusesBadConfigJob(t *testing.T) {
 		t.Errorf("CONFIG_REJECTED events = %d, want 1", len(got))
 	}
 }
+
+// A bad definition is bad input (exit 2) whether or not a broker answers.
+func TestJobAddRefusesBadDefinitionOffline(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := runInProcess(t, "job", "add", "bad", "--type", "noop", "--cron", "TZ=UTC", "--server", "nats://127.0.0.1:1")
+	if code != exitUsage || !strings.Contains(stderr, "timezone") {
+		t.Errorf("job add with cron TZ=UTC and no broker = exit %d, stderr %q; want 2 pointing to --timezone", code, stderr)
+	}
+}

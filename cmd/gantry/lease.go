@@ -10,14 +10,11 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
 	"github.com/gantry-dev/gantry/broker/wire"
-	"github.com/gantry-dev/gantry/internal/audit"
-	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/proctree"
-	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/lease"
 )
 
@@ -49,80 +46,13 @@ lease.`,
 	return cmd
 }
 
-// leaseStores connects and returns the resource store (and through it the
-// lease store). done flushes the audit events and closes the connection.
-// The stores log to stderr, so that an audit event they could not publish
-// is not lost silently.
-func (a *app) leaseStores() (r *lease.Resources, done func(), err error) {
-	log, err := a.logger()
-	if err != nil {
-		return nil, nil, err
-	}
-	nc, js, err := a.client.connect("gantry-lease")
-	if err != nil {
-		return nil, nil, err
-	}
-	r, err = lease.NewResources(js, lease.ResourcesConfig{Audit: audit.NewEmitter(js, "cli", clock.Real{}), Logger: log})
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return r, func() { a.flushAndClose(r, nc) }, nil
-}
-
-// withStores runs fn on the resource store (and through it the lease
-// store), then flushes the audit events and closes the connection. fn's
-// error maps to the contract's exit codes.
-func (a *app) withStores(fn func(*lease.Resources) error) error {
-	r, done, err := a.leaseStores()
-	if err != nil {
-		return err
-	}
-	defer done()
-	return leaseExit(fn(r))
-}
-
-// withHeldLease runs fn on owner's current lease on resource. A lease held
-// by another owner is never handed to fn: exit 3 naming the holder; no
-// lease on resource: exit 4.
-func (a *app) withHeldLease(ctx context.Context, resource, owner string, fn func(*lease.Resources, wire.Lease) error) error {
+// withLeases runs fn on a client after checking owner, which every lease
+// command but ls and run requires.
+func (a *app) withLeases(ctx context.Context, owner string, fn func(*client.Client) error) error {
 	if err := checkOwner(owner); err != nil {
 		return err
 	}
-	return a.withStores(func(r *lease.Resources) error {
-		cur, err := heldBy(ctx, r.Leases(), resource, owner)
-		if err != nil {
-			return err
-		}
-		return fn(r, cur)
-	})
-}
-
-// flushAndClose waits for the audit events of the command, then closes the
-// connection. The command's own outcome stands; an event that may be
-// missing from the audit trail is reported on stderr.
-func (a *app) flushAndClose(r *lease.Resources, nc *nats.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := r.Flush(ctx); err != nil {
-		fmt.Fprintf(a.stderr, "gantry: audit events of this command not confirmed stored (check 'gantry audit query'): %v\n", err)
-	}
-	nc.Close()
-}
-
-// leaseExit maps the kv errors to the contract's exit codes.
-func leaseExit(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, lease.ErrConflict):
-		return withCode(exitConflict, err)
-	case errors.Is(err, kv.ErrNotFound):
-		return withCode(exitNotFound, err)
-	case errors.Is(err, lease.ErrIllegalMove), errors.Is(err, kv.ErrInvalid):
-		return withCode(exitUsage, err)
-	}
-	return err
+	return a.withClient(ctx, "gantry-lease", fn)
 }
 
 // printLease prints one lease.
@@ -154,15 +84,13 @@ it exits 3 naming the holder and its expiry, and changes nothing. If O already
 holds it, the lease is renewed.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOwner(owner); err != nil {
-				return err
-			}
-			return a.withStores(func(r *lease.Resources) error {
-				rh, err := r.Lease(cmd.Context(), args[0], owner, ttl)
+			ctx := cmd.Context()
+			return a.withLeases(ctx, owner, func(c *client.Client) error {
+				l, err := c.AcquireLease(ctx, args[0], owner, ttl)
 				if err != nil {
 					return err
 				}
-				return a.printLease(rh.Detach())
+				return a.printLease(l)
 			})
 		},
 	}
@@ -179,22 +107,6 @@ func checkOwner(owner string) error {
 	return nil
 }
 
-// heldBy returns the current lease on resource if owner holds it: a
-// *ConflictError if someone else does, ErrNotFound if nobody does.
-func heldBy(ctx context.Context, l *lease.Leases, resource, owner string) (wire.Lease, error) {
-	cur, err := l.Get(ctx, resource)
-	if errors.Is(err, kv.ErrNotFound) {
-		return wire.Lease{}, fmt.Errorf("no lease on %s (it lapsed or was released; take it again with 'gantry lease acquire'): %w", resource, kv.ErrNotFound)
-	}
-	if err != nil {
-		return wire.Lease{}, err
-	}
-	if cur.Owner != owner {
-		return wire.Lease{}, &lease.ConflictError{Resource: resource, Holder: cur.Owner, ExpiresAt: cur.ExpiresAt, Revision: cur.Revision}
-	}
-	return cur, nil
-}
-
 func (a *app) leaseRenewCommand() *cobra.Command {
 	var owner string
 	var ttl time.Duration
@@ -206,8 +118,9 @@ the one it was taken with). A lease held by another owner is never renewed:
 exit 3 naming the holder. No lease on RES (it lapsed or was released): exit 4.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withHeldLease(cmd.Context(), args[0], owner, func(r *lease.Resources, cur wire.Lease) error {
-				renewed, err := r.Leases().Renew(cmd.Context(), cur, ttl)
+			ctx := cmd.Context()
+			return a.withLeases(ctx, owner, func(c *client.Client) error {
+				renewed, err := c.RenewLease(ctx, args[0], owner, ttl)
 				if err != nil {
 					return err
 				}
@@ -230,8 +143,9 @@ AVAILABLE. A lease held by another owner is never released: exit 3 naming the
 holder. No lease on RES: exit 4.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withHeldLease(cmd.Context(), args[0], owner, func(r *lease.Resources, cur wire.Lease) error {
-				return r.Release(cmd.Context(), cur, lease.Outcome{})
+			ctx := cmd.Context()
+			return a.withLeases(ctx, owner, func(c *client.Client) error {
+				return c.ReleaseLease(ctx, args[0], owner)
 			})
 		},
 	}
@@ -247,8 +161,9 @@ func (a *app) leaseLsCommand() *cobra.Command {
 resource, owner, expires_at and revision.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withStores(func(r *lease.Resources) error {
-				ls, err := r.Leases().List(cmd.Context())
+			ctx := cmd.Context()
+			return a.withClient(ctx, "gantry-lease", func(c *client.Client) error {
+				ls, err := c.Leases(ctx)
 				if err != nil {
 					return err
 				}
@@ -314,14 +229,14 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 	if err != nil {
 		return err
 	}
-	r, done, err := a.leaseStores()
+	cl, err := a.connect(ctx, "gantry-lease")
 	if err != nil {
 		return err
 	}
-	defer done()
-	rh, err := r.Lease(ctx, resource, owner, ttl)
+	defer a.closeClient(cl)
+	rh, err := cl.HoldLease(ctx, resource, owner, ttl)
 	if err != nil {
-		return leaseExit(err)
+		return err
 	}
 	finish := func() error {
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -348,7 +263,7 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 		// The resource cannot run: CMD is stopped before it acts on it.
 		_ = tree.Kill()
 		_ = tree.Wait()
-		return errors.Join(leaseExit(err), finish())
+		return errors.Join(err, finish())
 	}
 	// Wait kills what CMD left running before it returns: nothing CMD
 	// started may act on the resource once the lease is gone.

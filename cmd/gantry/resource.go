@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/lease"
 )
@@ -87,11 +89,10 @@ func dash(s string) string {
 	return s
 }
 
-// resourceOp runs op on the resource store and prints the resource it
-// returns; its error maps to the contract's exit codes.
-func (a *app) resourceOp(op func(*lease.Resources) (lease.Resource, error)) error {
-	return a.withStores(func(r *lease.Resources) error {
-		res, err := op(r)
+// resourceOp runs op on a client and prints the resource it returns.
+func (a *app) resourceOp(ctx context.Context, op func(*client.Client) (lease.Resource, error)) error {
+	return a.withClient(ctx, "gantry-resource", func(c *client.Client) error {
+		res, err := op(c)
 		if err != nil {
 			return err
 		}
@@ -114,8 +115,9 @@ available (default) or fault (for an operator to check first).`,
 			if err != nil {
 				return usageError("%v", err)
 			}
-			return a.resourceOp(func(r *lease.Resources) (lease.Resource, error) {
-				return r.Add(cmd.Context(), lease.ResourceSpec{ID: args[0], Route: route, Reclaim: policy})
+			ctx := cmd.Context()
+			return a.resourceOp(ctx, func(c *client.Client) (lease.Resource, error) {
+				return c.AddResource(ctx, lease.ResourceSpec{ID: args[0], Route: route, Reclaim: policy})
 			})
 		},
 	}
@@ -132,8 +134,9 @@ func (a *app) resourceLsCommand() *cobra.Command {
 state, lease_owner, lease_until, route_id, last_error, updated_at and reclaim.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withStores(func(r *lease.Resources) error {
-				rs, err := r.List(cmd.Context())
+			ctx := cmd.Context()
+			return a.withClient(ctx, "gantry-resource", func(c *client.Client) error {
+				rs, err := c.Resources(ctx)
 				if err != nil {
 					return err
 				}
@@ -149,9 +152,8 @@ func (a *app) resourceGetCommand() *cobra.Command {
 		Short: "Show one resource (exit 4 if unknown)",
 		Args:  exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.resourceOp(func(r *lease.Resources) (lease.Resource, error) {
-				return r.Get(cmd.Context(), args[0])
-			})
+			ctx := cmd.Context()
+			return a.resourceOp(ctx, func(c *client.Client) (lease.Resource, error) { return c.Resource(ctx, args[0]) })
 		},
 	}
 }
@@ -175,8 +177,9 @@ itself to its holder.`,
 			if reason == "" {
 				return usageError("--reason is required: say why, for the audit trail (e.g. --reason \"camera replaced\")")
 			}
-			return a.resourceOp(func(r *lease.Resources) (lease.Resource, error) {
-				return r.SetState(cmd.Context(), args[0], to, reason)
+			ctx := cmd.Context()
+			return a.resourceOp(ctx, func(c *client.Client) (lease.Resource, error) {
+				return c.SetResourceState(ctx, args[0], to, reason)
 			})
 		},
 	}
@@ -193,8 +196,9 @@ func (a *app) resourceDisableCommand() *cobra.Command {
 on it keeps its lease until it finishes; the resource then stays DISABLED.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.resourceOp(func(r *lease.Resources) (lease.Resource, error) {
-				return r.Disable(cmd.Context(), args[0], reason)
+			ctx := cmd.Context()
+			return a.resourceOp(ctx, func(c *client.Client) (lease.Resource, error) {
+				return c.DisableResource(ctx, args[0], reason)
 			})
 		},
 	}
@@ -209,8 +213,9 @@ func (a *app) resourceEnableCommand() *cobra.Command {
 		Short: "Return a DISABLED or FAULT resource to AVAILABLE",
 		Args:  exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.resourceOp(func(r *lease.Resources) (lease.Resource, error) {
-				return r.Enable(cmd.Context(), args[0], reason)
+			ctx := cmd.Context()
+			return a.resourceOp(ctx, func(c *client.Client) (lease.Resource, error) {
+				return c.EnableResource(ctx, args[0], reason)
 			})
 		},
 	}

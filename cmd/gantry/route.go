@@ -3,17 +3,14 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
 	"github.com/gantry-dev/gantry/broker/wire"
-	"github.com/gantry-dev/gantry/egress"
+	"github.com/gantry-dev/gantry/client"
 )
 
 func (a *app) routeCommand() *cobra.Command {
@@ -95,22 +92,14 @@ proxy (password redacted), recent_timeouts, last_error_kind and
 cooldown_streak.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			nc, js, err := a.client.connect("gantry-route")
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			ctx, cancel := context.WithTimeout(cmd.Context(), a.client.timeout)
-			defer cancel()
-			store, err := egress.NewStore(ctx, js)
-			if err != nil {
-				return err
-			}
-			rs, err := store.List(ctx)
-			if err != nil {
-				return err
-			}
-			return a.printRoutes(rs)
+			ctx := cmd.Context()
+			return a.withClient(ctx, "gantry-route", func(c *client.Client) error {
+				rs, err := c.Routes(ctx)
+				if err != nil {
+					return err
+				}
+				return a.printRoutes(rs)
+			})
 		},
 	}
 }
@@ -130,54 +119,30 @@ exits 0 when the probe succeeded, 1 when it failed or no healthd answered,
 4 when healthd has no route ID. It waits up to 30s unless --timeout is given.`,
 		Args: exactArgs(1, "a route id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			id := args[0]
-			if !wire.ValidToken(id) {
-				return usageError("route id %q: must be non-empty, without spaces, '.', '*' or '>'", id)
-			}
 			wait := probeWait
 			if f := cmd.Flag("timeout"); f != nil && f.Changed {
 				wait = a.client.timeout
 			}
-			nc, _, err := a.client.connect("gantry-route")
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
 			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
 			defer cancel()
-			data, err := json.Marshal(wire.RouteProbeRequest{ID: id})
-			if err != nil {
-				return err
-			}
-			msg, err := nc.RequestWithContext(ctx, wire.SubjectRouteProbe, data)
-			if errors.Is(err, nats.ErrNoResponders) {
-				return fmt.Errorf("no healthd answered on %s: start 'gantry run' or 'gantry healthd' with a config that has route %q", wire.SubjectRouteProbe, id)
-			}
-			if err != nil {
-				return fmt.Errorf("probe route %q: %w", id, err)
-			}
-			var reply wire.RouteProbeReply
-			if err := json.Unmarshal(msg.Data, &reply); err != nil {
-				return fmt.Errorf("probe route %q: bad reply: %w", id, err)
-			}
-			switch {
-			case reply.NotFound:
-				return withCode(exitNotFound, errors.New(reply.Error))
-			case reply.Error != "" || reply.Result == nil || reply.Route == nil:
-				return fmt.Errorf("probe route %q: %s", id, cmp.Or(reply.Error, "empty reply"))
-			}
-			if err := a.printProbe(reply); err != nil {
-				return err
-			}
-			if res := reply.Result; !res.OK {
-				return fmt.Errorf("probe of route %q failed at stage %s (%s): %s", id, res.Stage, res.Kind, res.Error)
-			}
-			return nil
+			return a.withClient(ctx, "gantry-route", func(c *client.Client) error {
+				probe, err := c.ProbeRoute(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if err := a.printProbe(probe); err != nil {
+					return err
+				}
+				if res := probe.Result; !res.OK {
+					return fmt.Errorf("probe of route %q failed at stage %s (%s): %s", args[0], res.Stage, res.Kind, res.Error)
+				}
+				return nil
+			})
 		},
 	}
 }
 
-func (a *app) printProbe(reply wire.RouteProbeReply) error {
+func (a *app) printProbe(reply client.RouteProbe) error {
 	res := *reply.Result
 	if a.json {
 		return a.printJSON(struct {

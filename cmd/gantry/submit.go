@@ -3,20 +3,15 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/oklog/ulid/v2"
 	"github.com/spf13/cobra"
 
 	"github.com/gantry-dev/gantry/broker/wire"
-	"github.com/gantry-dev/gantry/internal/audit"
-	"github.com/gantry-dev/gantry/tasks"
+	"github.com/gantry-dev/gantry/client"
 )
 
 // submitFlags are the flags of 'gantry submit'.
@@ -41,8 +36,9 @@ also the message's Nats-Msg-Id, so submitting the same id twice within the
 stream's 24 h window runs the task once.
 
 With --wait, submit waits for the task's end and exits 0 if it SUCCEEDED,
-1 otherwise (NEEDS_REVIEW, CANCELLED) or when --wait-timeout passes.
-Bad input (type, payload, timeout, time) exits 2.`,
+1 otherwise (NEEDS_REVIEW, CANCELLED), and 5 when --wait-timeout passes
+first (the task may still finish). Bad input (type, payload, timeout,
+time) exits 2.`,
 		Args: exactArgs(1, "TYPE"),
 		RunE: func(cmd *cobra.Command, args []string) error { return a.submit(cmd.Context(), args[0], &f) },
 	}
@@ -57,47 +53,35 @@ Bad input (type, payload, timeout, time) exits 2.`,
 	fl.IntVar(&f.priority, "priority", 0, "priority: on a queue run with --prioritize, higher starts first")
 	fl.StringVar(&f.notBefore, "not-before", "", "do not start before this RFC 3339 time")
 	fl.BoolVar(&f.wait, "wait", false, "wait for the task to end; exit 0 if it SUCCEEDED, 1 otherwise")
-	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "give up waiting after this long (0: wait until the end)")
+	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "give up waiting after this long, exit 5 (0: wait until the end)")
 	return cmd
 }
 
-// task builds the task body from the flags.
-func (f *submitFlags) task(typ string) (wire.Task, error) {
-	if !wire.ValidToken(typ) {
-		return wire.Task{}, usageError("type %q: a task type has no spaces, '.', '*' or '>'", typ)
-	}
-	if !wire.ValidToken(f.queue) {
-		return wire.Task{}, usageError("--queue %q: a queue name has no spaces, '.', '*' or '>'", f.queue)
-	}
-	t := wire.Task{ID: f.id, Resource: f.resource, Priority: f.priority, MaxAttempts: f.maxAttempts, Timeout: f.timeout, Key: f.key}
-	if t.ID == "" {
-		t.ID = ulid.Make().String()
-	} else if !wire.ValidTaskID(t.ID) {
-		return wire.Task{}, usageError("--id %q: want 1 to %d letters, digits, '-', '_' or '='", t.ID, wire.MaxTaskIDLen)
-	}
-	if t.Resource != "" && !wire.ValidToken(t.Resource) {
-		return wire.Task{}, usageError("--resource %q: a resource id has no spaces, '.', '*' or '>'", t.Resource)
-	}
-	if f.maxAttempts < 0 {
-		return wire.Task{}, usageError("--max-attempts %d: want 0 or more", f.maxAttempts)
-	}
+// task reads the flags into the task to submit; the client checks the
+// rest.
+func (f *submitFlags) task(typ string) (client.Task, error) {
+	t := client.Task{Type: typ, Queue: f.queue, ID: f.id, Resource: f.resource, Priority: f.priority, MaxAttempts: f.maxAttempts, Key: f.key}
 	if f.timeout != "" {
-		if d, err := time.ParseDuration(f.timeout); err != nil || d <= 0 {
-			return wire.Task{}, usageError("--timeout %q: want a positive duration such as 30s", f.timeout)
+		d, err := time.ParseDuration(f.timeout)
+		if err != nil || d <= 0 {
+			return client.Task{}, usageError("--timeout %q: want a positive duration such as 30s", f.timeout)
 		}
+		t.Timeout = d
 	}
 	if f.notBefore != "" {
 		nb, err := time.Parse(time.RFC3339, f.notBefore)
 		if err != nil {
-			return wire.Task{}, usageError("--not-before %q: want an RFC 3339 time such as 2026-11-30T12:00:00Z", f.notBefore)
+			return client.Task{}, usageError("--not-before %q: want an RFC 3339 time such as 2026-11-30T12:00:00Z", f.notBefore)
 		}
-		t.NotBefore = &nb
+		t.NotBefore = nb
 	}
 	payload, err := payloadFlag(f.payload)
 	if err != nil {
-		return wire.Task{}, err
+		return client.Task{}, err
 	}
-	t.Payload = payload
+	if payload != nil {
+		t.Payload = payload
+	}
 	return t, nil
 }
 
@@ -125,145 +109,43 @@ func (a *app) submit(ctx context.Context, typ string, f *submitFlags) error {
 	if err != nil {
 		return err
 	}
-	nc, js, err := a.client.connect("gantry-submit")
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	// Submit writes only WAITING records, which never expire.
-	store, err := tasks.NewStore(ctx, js, tasks.StoreConfig{})
-	if err != nil {
-		return err
-	}
-	id, err := a.publishTask(ctx, nc, js, store, f.queue, typ, t)
-	if err != nil {
-		return err
-	}
-	if !f.wait {
-		if a.json {
-			return a.printJSON(map[string]string{"id": id})
-		}
-		_, err := fmt.Fprintln(a.stdout, id)
-		return err
-	}
-	if !a.json {
-		fmt.Fprintln(a.stdout, id)
-	}
-	if f.waitTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, f.waitTimeout)
-		defer cancel()
-	}
-	rec, err := waitTaskEnd(ctx, store, id)
-	if err != nil {
-		return err
-	}
-	if a.json {
-		if err := a.printJSON(rec); err != nil {
+	return a.withClient(ctx, "gantry-submit", func(c *client.Client) error {
+		sub, err := c.Submit(ctx, t)
+		if err != nil {
 			return err
 		}
-	} else {
-		fmt.Fprintf(a.stdout, "%s after %d attempt(s)\n", rec.State, rec.Attempts)
-	}
-	if rec.State != wire.TaskSucceeded {
-		return withCode(exitFailure, fmt.Errorf("task %s ended %s: %s", id, rec.State, rec.LastError))
-	}
-	return nil
-}
-
-// publishTask records t as WAITING, emits TASK_CREATED and publishes it. A
-// task whose key is already claimed is not published: the claimant's id is
-// returned.
-func (a *app) publishTask(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, store *tasks.Store, queue, typ string, t wire.Task) (string, error) {
-	var cps *tasks.CheckpointStore
-	if t.Key != "" {
-		var err error
-		if cps, err = tasks.NewCheckpointStore(ctx, js); err != nil {
-			return "", err
+		if sub.Duplicate {
+			fmt.Fprintf(a.stderr, "gantry: key %q belongs to task %s: not submitted again\n", t.Key, sub.ID)
 		}
-		owner, err := cps.ClaimKey(ctx, t.Key, t.ID, 24*time.Hour)
+		if !f.wait {
+			if a.json {
+				return a.printJSON(map[string]string{"id": sub.ID})
+			}
+			_, err := fmt.Fprintln(a.stdout, sub.ID)
+			return err
+		}
+		if !a.json {
+			fmt.Fprintln(a.stdout, sub.ID)
+		}
+		if f.waitTimeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, f.waitTimeout)
+			defer cancel()
+		}
+		rec, err := c.Wait(ctx, sub.ID)
 		if err != nil {
-			return "", err
+			return err
 		}
-		if owner != t.ID {
-			fmt.Fprintf(a.stderr, "gantry: key %q belongs to task %s: not submitted again\n", t.Key, owner)
-			return owner, nil
+		if a.json {
+			if err := a.printJSON(rec); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintf(a.stdout, "%s after %d attempt(s)\n", rec.State, rec.Attempts)
 		}
-	}
-	now := time.Now().UTC()
-	rec := wire.TaskRecord{
-		TaskInfo:    wire.TaskInfo{ID: t.ID, Type: typ, Queue: queue, State: wire.TaskWaiting, Resource: t.Resource, CreatedAt: now, UpdatedAt: now},
-		MaxAttempts: t.MaxAttempts, Priority: t.Priority, Key: t.Key, NotBefore: t.NotBefore,
-	}
-	rev, err := store.Create(ctx, rec)
-	if errors.Is(err, tasks.ErrExists) {
-		return "", usageError("task %s exists already: choose another --id", t.ID)
-	}
-	if err != nil {
-		return "", err
-	}
-	em := audit.NewEmitter(js, "cli", nil)
-	if err := em.Emit(ctx, wire.Event{Type: wire.EventTaskCreated, TaskID: t.ID, ResourceID: t.Resource, Message: "task submitted",
-		Payload: audit.Payload(map[string]any{"queue": queue, "type": typ})}); err != nil {
-		return "", err
-	}
-	body, err := json.Marshal(t)
-	if err != nil {
-		return "", fmt.Errorf("encode task: %w", err)
-	}
-	msg := nats.NewMsg(wire.TaskSubject(queue, typ))
-	msg.Data = body
-	msg.Header.Set(jetstream.MsgIDHeader, t.ID)
-	msg.Header.Set(wire.HeaderCreated, "1")
-	ack, err := js.PublishMsg(ctx, msg)
-	if err != nil {
-		// Nothing was submitted: undo the record and the key's claim, so
-		// that submitting again runs the task rather than naming this id.
-		err = fmt.Errorf("publish task %s: %w (nothing was submitted: try again)", t.ID, err)
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.client.timeout)
-		defer cancel()
-		if derr := store.Delete(uctx, t.ID); derr != nil {
-			err = errors.Join(err, fmt.Errorf("remove the record of task %s: %w", t.ID, derr))
+		if rec.State != wire.TaskSucceeded {
+			return fmt.Errorf("task %s ended %s: %s", sub.ID, rec.State, rec.LastError)
 		}
-		if cps != nil {
-			if rerr := cps.ReleaseKey(uctx, t.Key, t.ID); rerr != nil {
-				err = errors.Join(err, rerr)
-			}
-		}
-		return "", err
-	}
-	rec.Seq = ack.Sequence
-	if _, err := store.Update(ctx, rec, rev); err != nil && !errors.Is(err, tasks.ErrChanged) {
-		return "", err
-	}
-	return t.ID, nil
-}
-
-// waitTaskEnd watches task id's record until it is in a terminal state.
-func waitTaskEnd(ctx context.Context, store *tasks.Store, id string) (wire.TaskRecord, error) {
-	w, err := store.KeyValue().Watch(ctx, id)
-	if err != nil {
-		return wire.TaskRecord{}, fmt.Errorf("watch task %s: %w", id, err)
-	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return wire.TaskRecord{}, withCode(exitFailure, fmt.Errorf("task %s: gave up waiting: %w", id, ctx.Err()))
-		case e, ok := <-w.Updates():
-			if !ok {
-				return wire.TaskRecord{}, fmt.Errorf("watch task %s: ended", id)
-			}
-			if e == nil || e.Operation() != jetstream.KeyValuePut {
-				continue
-			}
-			var rec wire.TaskRecord
-			if err := json.Unmarshal(e.Value(), &rec); err != nil {
-				continue
-			}
-			if rec.State.Terminal() {
-				return rec, nil
-			}
-		}
-	}
+		return nil
+	})
 }

@@ -132,6 +132,10 @@ func TestSubmitAndTaskCommands(t *testing.T) {
 	future := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
 	runInProcess(t, "submit", "noop", "--id", "later-1", "--not-before", future, "--server", url)
 	waitTaskState(t, url, "later-1", wire.TaskWaiting)
+	// A --wait that runs out exits 5: the task may still finish.
+	if code, out, stderr := runInProcess(t, "submit", "noop", "--id", "later-2", "--not-before", future, "--wait", "--wait-timeout", "300ms", "--server", url); code != exitWaitTimeout || strings.TrimSpace(out) != "later-2" {
+		t.Errorf("submit --wait-timeout on a later task = exit %d, %q (%s); want 5 and the id", code, out, stderr)
+	}
 	if code, _, stderr := runInProcess(t, "task", "cancel", "later-1", "--server", url); code != exitOK {
 		t.Fatalf("task cancel later-1 = exit %d (%s), want 0", code, stderr)
 	}

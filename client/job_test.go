@@ -1,0 +1,98 @@
+package client_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/client"
+	"github.com/gantry-dev/gantry/scheduler"
+)
+
+func TestJobsThroughScheduler(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, ctx := b.c, ctx(t, 30*time.Second)
+
+	// No scheduler leads yet: a trigger has nobody to ask.
+	if _, err := c.TriggerJob(ctx, "tick"); !errors.Is(err, client.ErrUnavailable) {
+		t.Errorf("TriggerJob without a scheduler = %v, want ErrUnavailable", err)
+	}
+	s, err := scheduler.New(scheduler.Config{LeaderTTL: time.Second, Logger: b.env.Log}, b.env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, s)
+	waitFor(t, "the scheduler leading", func() bool { leading, _ := s.Leading(); return leading })
+
+	info, err := c.AddJob(ctx, client.Job{Name: "tick", Type: "noop", Every: "1h", Overlap: wire.OverlapForbid, Source: wire.JobSourceCLI})
+	if err != nil || info.Name != "tick" || info.NextFire == nil || info.Paused {
+		t.Fatalf("AddJob = %+v, %v; want tick with a next fire", info, err)
+	}
+	if info, err = c.PauseJob(ctx, "tick"); err != nil || !info.Paused || info.NextFire != nil {
+		t.Errorf("PauseJob = paused %v, next %v, %v; want paused, no next fire", info.Paused, info.NextFire, err)
+	}
+	// A re-add keeps the operator's pause.
+	if info, err = c.AddJob(ctx, client.Job{Name: "tick", Type: "noop", Every: "2h", Overlap: wire.OverlapForbid}); err != nil || !info.Paused || info.Every != "2h" {
+		t.Errorf("AddJob again = paused %v, every %s, %v; want still paused, every 2h", info.Paused, info.Every, err)
+	}
+
+	// A trigger fires even a paused job; no workers run, so its run stays
+	// unfinished and the job forbids another.
+	var run1 client.JobRun
+	waitFor(t, "a trigger the scheduler accepts", func() bool {
+		run1, err = c.TriggerJob(ctx, "tick")
+		return !errors.Is(err, client.ErrNotFound)
+	})
+	if err != nil || run1.Trigger != wire.TriggerManual || run1.Job != "tick" {
+		t.Fatalf("TriggerJob = %+v, %v; want a manual run of tick", run1, err)
+	}
+	var se *client.ServiceError
+	if _, err := c.TriggerJob(ctx, "tick"); !errors.Is(err, client.ErrConflict) || !errors.As(err, &se) || se.Code != "409" {
+		t.Errorf("TriggerJob while its run is unfinished = %v, want a 409 matching ErrConflict", err)
+	}
+	if _, err := c.TriggerJob(ctx, "nope"); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("TriggerJob(nope) = %v, want ErrNotFound", err)
+	}
+	waitFor(t, "the run recorded", func() bool {
+		runs, err := c.JobRuns(ctx, "tick", 0)
+		return err == nil && len(runs) == 1 && runs[0].TaskID == run1.TaskID
+	})
+	if info, err = c.Job(ctx, "tick"); err != nil || len(info.Running) != 1 || info.Running[0] != run1.TaskID || info.LastFired == nil {
+		t.Errorf("Job = running %v, last fired %v, %v; want the triggered run", info.Running, info.LastFired, err)
+	}
+
+	// A bad definition is refused and audited.
+	if _, err := c.AddJob(ctx, client.Job{Name: "bad", Type: "noop", Cron: "61 * * * *"}); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("AddJob with a bad cron = %v, want ErrInvalid", err)
+	}
+	page, err := b.env.JS.Stream(ctx, wire.StreamAudit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := page.GetLastMsgForSubject(ctx, wire.EventConfigRejected.Subject()); err != nil || len(m.Data) == 0 {
+		t.Errorf("CONFIG_REJECTED = %v, want the bad job's event", err)
+	}
+
+	list, bad, err := c.Jobs(ctx)
+	if err != nil || len(list) != 1 || len(bad) != 0 {
+		t.Errorf("Jobs = %d jobs, %d bad, %v; want tick only", len(list), len(bad), err)
+	}
+	if _, err := c.ResumeJob(ctx, "tick"); err != nil {
+		t.Errorf("ResumeJob = %v, want nil", err)
+	}
+	if err := c.RemoveJob(ctx, "tick"); err != nil {
+		t.Errorf("RemoveJob = %v, want nil", err)
+	}
+	for name, err := range map[string]error{
+		"Job":       func() error { _, err := c.Job(ctx, "tick"); return err }(),
+		"JobRuns":   func() error { _, err := c.JobRuns(ctx, "nope", 0); return err }(),
+		"PauseJob":  func() error { _, err := c.PauseJob(ctx, "tick"); return err }(),
+		"RemoveJob": c.RemoveJob(ctx, "tick"),
+	} {
+		if !errors.Is(err, client.ErrNotFound) {
+			t.Errorf("%s of a removed job = %v, want ErrNotFound", name, err)
+		}
+	}
+}

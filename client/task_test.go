@@ -1,0 +1,215 @@
+package client_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/client"
+	"github.com/gantry-dev/gantry/workers"
+)
+
+// flaky fails a task permanently on its first run and succeeds after.
+type flaky struct {
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+func (f *flaky) Run(_ context.Context, t *workers.Task) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.runs[t.ID]++
+	if f.runs[t.ID] == 1 {
+		return workers.Permanent(errors.New("first run fails"))
+	}
+	return nil
+}
+
+func TestSubmitWaitRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.startWorkers(t, workers.Config{}, map[string]workers.Handler{"flaky": &flaky{runs: map[string]int{}}})
+	c, ctx := b.c, ctx(t, 30*time.Second)
+
+	sub, err := c.Submit(ctx, client.Task{Type: "noop", Payload: client.NoopPayload{Sleep: "10ms"}})
+	if err != nil || sub.ID == "" || sub.Duplicate {
+		t.Fatalf("Submit = %+v, %v; want a new id", sub, err)
+	}
+	rec, err := c.Wait(ctx, sub.ID)
+	if err != nil || rec.State != client.TaskSucceeded || rec.Attempts != 1 || rec.Type != "noop" || rec.Queue != wire.DefaultQueue {
+		t.Fatalf("Wait = %s after %d attempts (%s/%s), %v; want SUCCEEDED after 1, default/noop", rec.State, rec.Attempts, rec.Queue, rec.Type, err)
+	}
+
+	// A permanent failure ends NEEDS_REVIEW; a retry runs it again.
+	if _, err := c.Submit(ctx, client.Task{Type: "flaky", ID: "f-1", Priority: 2, MaxAttempts: 3, Timeout: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err = c.Wait(ctx, "f-1"); err != nil || rec.State != client.TaskNeedsReview || rec.LastError == "" {
+		t.Fatalf("Wait(f-1) = %s (%s), %v; want NEEDS_REVIEW with the error", rec.State, rec.LastError, err)
+	}
+	if rec, err = c.Task(ctx, "f-1"); err != nil || rec.MaxAttempts != 3 || rec.Priority != 2 {
+		t.Errorf("Task(f-1) = max attempts %d, priority %d, %v; want 3 and 2", rec.MaxAttempts, rec.Priority, err)
+	}
+	list, err := c.Tasks(ctx, client.TaskFilter{State: client.TaskNeedsReview})
+	if err != nil || len(list) != 1 || list[0].ID != "f-1" {
+		t.Errorf("Tasks(NEEDS_REVIEW) = %d tasks, %v; want f-1 only", len(list), err)
+	}
+	if list, err = c.Tasks(ctx, client.TaskFilter{Type: "noop", Queue: wire.DefaultQueue}); err != nil || len(list) != 1 || list[0].ID != sub.ID {
+		t.Errorf("Tasks(noop) = %d tasks, %v; want the noop", len(list), err)
+	}
+	if list, err = c.Tasks(ctx, client.TaskFilter{Limit: 1}); err != nil || len(list) != 1 || list[0].ID != "f-1" {
+		t.Errorf("Tasks(limit 1) = %v, %v; want the newest, f-1", list, err)
+	}
+	if _, err := c.Tasks(ctx, client.TaskFilter{State: "DONE"}); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("Tasks(DONE) = %v, want ErrInvalid", err)
+	}
+	retried, err := c.RetryTask(ctx, "f-1")
+	if err != nil || retried.State != client.TaskWaiting || retried.Attempts != 0 {
+		t.Fatalf("RetryTask = %s, %d attempts, %v; want WAITING with attempts reset", retried.State, retried.Attempts, err)
+	}
+	if rec, err = c.Wait(ctx, "f-1"); err != nil || rec.State != client.TaskSucceeded {
+		t.Errorf("Wait after retry = %s, %v; want SUCCEEDED", rec.State, err)
+	}
+	for _, id := range []string{"f-1", sub.ID} {
+		if _, err := c.RetryTask(ctx, id); !errors.Is(err, client.ErrInvalid) {
+			t.Errorf("RetryTask(%s) of a SUCCEEDED task = %v, want ErrInvalid", id, err)
+		}
+	}
+	if _, err := c.RetryTask(ctx, "nope"); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("RetryTask(nope) = %v, want ErrNotFound", err)
+	}
+	if _, err := c.Task(ctx, "nope"); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("Task(nope) = %v, want ErrNotFound", err)
+	}
+
+	// Wait gives up when its context ends; the task goes on.
+	if _, err := c.Submit(ctx, client.Task{Type: "noop", ID: "later", NotBefore: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := c.Wait(short, "later"); !errors.Is(err, client.ErrGaveUp) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Wait(later) = %v, want ErrGaveUp and the deadline", err)
+	}
+}
+
+func TestSubmitDedupes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, ctx := b.c, ctx(t, 30*time.Second)
+
+	first, err := c.Submit(ctx, client.Task{Type: "exec", Queue: "plant", Key: "report-2026-11-30",
+		Payload: json.RawMessage(`{"cmd":["true"]}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := c.Submit(ctx, client.Task{Type: "exec", Queue: "plant", Key: "report-2026-11-30"})
+	if err != nil || second.ID != first.ID || !second.Duplicate || first.Duplicate {
+		t.Errorf("Submit with the same key = %+v, %v; want %s, a duplicate", second, err, first.ID)
+	}
+	if _, err := c.Submit(ctx, client.Task{Type: "noop", ID: first.ID}); !errors.Is(err, client.ErrExists) {
+		t.Errorf("Submit with a taken id = %v, want ErrExists", err)
+	}
+	stream, err := b.env.JS.Stream(ctx, wire.StreamTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(">"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.State.Subjects["gantry.tasks.plant.exec"]; info.State.Msgs != 1 || n != 1 {
+		t.Errorf("tasks stream = %d messages (%v), want one on gantry.tasks.plant.exec", info.State.Msgs, info.State.Subjects)
+	}
+	msg, err := stream.GetLastMsgForSubject(ctx, "gantry.tasks.plant.exec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg.Header.Get(jetstream.MsgIDHeader) != first.ID || msg.Header.Get(wire.HeaderCreated) == "" {
+		t.Errorf("message headers = %v, want Nats-Msg-Id %s and Gantry-Created", msg.Header, first.ID)
+	}
+	rec, err := c.Task(ctx, first.ID)
+	if err != nil || rec.State != client.TaskWaiting || rec.Seq != msg.Sequence || rec.Key != "report-2026-11-30" {
+		t.Errorf("Task = %s, seq %d, key %q, %v; want WAITING at seq %d with the key", rec.State, rec.Seq, rec.Key, err, msg.Sequence)
+	}
+
+	for name, task := range map[string]client.Task{
+		"type":     {Type: "no.op"},
+		"queue":    {Type: "noop", Queue: "a b"},
+		"id":       {Type: "noop", ID: "a/b"},
+		"payload":  {Type: "noop", Payload: json.RawMessage(`{not json`)},
+		"timeout":  {Type: "noop", Timeout: -time.Second},
+		"attempts": {Type: "noop", MaxAttempts: -1},
+		"resource": {Type: "noop", Resource: "cam.1"},
+	} {
+		if _, err := c.Submit(ctx, task); !errors.Is(err, client.ErrInvalid) {
+			t.Errorf("Submit with a bad %s = %v, want ErrInvalid", name, err)
+		}
+	}
+	if info, err := stream.Info(ctx); err != nil || info.State.Msgs != 1 {
+		t.Errorf("tasks stream after bad submits = %v messages, %v; want still 1", info.State.Msgs, err)
+	}
+}
+
+// blocker runs until its task is cancelled, telling when it starts.
+type blocker struct{ started chan string }
+
+func (bl *blocker) Run(ctx context.Context, t *workers.Task) error {
+	bl.started <- t.ID
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func TestCancelTask(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	bl := &blocker{started: make(chan string, 4)}
+	b.startWorkers(t, workers.Config{}, map[string]workers.Handler{"block": bl})
+	c, ctx := b.c, ctx(t, 30*time.Second)
+
+	// A waiting task is removed from the stream and ends at once.
+	if _, err := c.Submit(ctx, client.Task{Type: "noop", ID: "later", NotBefore: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "later WAITING with its message delivered", func() bool {
+		rec, err := c.Task(ctx, "later")
+		return err == nil && rec.State == client.TaskWaiting && rec.Delays > 0
+	})
+	got, err := c.CancelTask(ctx, "later")
+	if err != nil || got.Was != client.TaskWaiting || got.Task.State != client.TaskCancelled {
+		t.Fatalf("CancelTask(later) = %+v, %v; want CANCELLED, was WAITING", got, err)
+	}
+	if rec, err := c.Wait(ctx, "later"); err != nil || rec.State != client.TaskCancelled {
+		t.Errorf("Wait(later) = %s, %v; want CANCELLED", rec.State, err)
+	}
+
+	// A running task is stopped by its worker, which records the end.
+	if _, err := c.Submit(ctx, client.Task{Type: "block", ID: "long"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-bl.started:
+	case <-ctx.Done():
+		t.Fatal("long = not started, want it running")
+	}
+	if got, err = c.CancelTask(ctx, "long"); err != nil || got.Task.State != client.TaskCancelled {
+		t.Fatalf("CancelTask(long) = %+v, %v; want CANCELLED", got, err)
+	}
+	rec, err := c.Wait(ctx, "long")
+	if err != nil || rec.State != client.TaskCancelled || rec.Attempts != 1 {
+		t.Errorf("Wait(long) = %s after %d attempts, %v; want CANCELLED after 1", rec.State, rec.Attempts, err)
+	}
+
+	if _, err := c.CancelTask(ctx, "long"); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("CancelTask of an ended task = %v, want ErrInvalid", err)
+	}
+	if _, err := c.CancelTask(ctx, "nope"); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("CancelTask(nope) = %v, want ErrNotFound", err)
+	}
+}
