@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
+	"github.com/gantry-dev/gantry/internal/proctree"
 	"github.com/gantry-dev/gantry/internal/rpc"
 	"github.com/gantry-dev/gantry/lease"
 	"github.com/gantry-dev/gantry/sqltask"
@@ -42,6 +44,10 @@ type Workers struct {
 	resources *lease.Resources
 	// sql holds the pools of the databases sql tasks use.
 	sql *sqltask.Databases
+	// trees starts exec tasks' processes; their checkpoint files are in
+	// cpDir, this Workers' own directory under Config.CheckpointDir.
+	trees *proctree.Starter
+	cpDir string
 
 	hmu      sync.RWMutex
 	handlers map[string]Handler
@@ -109,6 +115,14 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workers: %w", err)
 	}
+	trees, err := proctree.New(cfg.ProcessTrees)
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
+	cpDir, err := checkpointDir(cfg.CheckpointDir)
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(16384))
 	if err != nil {
 		return nil, fmt.Errorf("workers: jetstream: %w", err)
@@ -124,6 +138,8 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		log:      cfg.Logger,
 		audit:    audit.NewEmitter(js, "workers", cfg.Clock),
 		sql:      dbs,
+		trees:    trees,
+		cpDir:    cpDir,
 		handlers: map[string]Handler{},
 		running:  map[string]context.CancelCauseFunc{},
 		idle:     make(chan job),
@@ -249,6 +265,12 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 			w.log.Warn("close databases", "err", err)
 		}
 	}()
+	// Removed last, once every task has ended.
+	if err := w.makeCheckpointDir(); err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(w.cpDir) }()
+	w.log.Info("exec process trees", "containment", w.trees.Containment(), "checkpoint_dir", w.cpDir)
 	var err error
 	if w.tasks, err = tasks.NewStore(ctx, w.js, tasks.StoreConfig{Retention: w.cfg.TaskRetention}); err != nil {
 		return err

@@ -21,7 +21,8 @@ one process, and logs a line containing "ready" once clients can connect and
 every component runs. SIGINT or SIGTERM drains and stops it.
 
 The workers take the flags of 'gantry worker' (--queue, --concurrency,
---prioritize...): by default they run the queue "default".`,
+--prioritize...): by default they run the queue "default". Exec tasks'
+checkpoint files are under <data>/checkpoints.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.run(cmd.Context(), &sf, &wf, cmd.Flags().Changed)
@@ -34,6 +35,7 @@ The workers take the flags of 'gantry worker' (--queue, --concurrency,
 }
 
 func (a *app) run(ctx context.Context, sf *serverFlags, wf *workerFlags, changed func(name string) bool) error {
+	wf.dataDir = sf.dataDir
 	if _, err := wf.config(slog.New(slog.DiscardHandler)); err != nil {
 		return err
 	}

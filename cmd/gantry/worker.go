@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/gantry-dev/gantry/egress"
 	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
+	"github.com/gantry-dev/gantry/internal/proctree"
 	"github.com/gantry-dev/gantry/sqltask"
 	"github.com/gantry-dev/gantry/tasks"
 	"github.com/gantry-dev/gantry/workers"
@@ -41,9 +43,13 @@ type workerFlags struct {
 	timeout     time.Duration
 	maxPayload  int
 	killGrace   time.Duration
+	containment string
 	retention   retentionValue
 	// databases come from the config file's databases section.
 	databases []sqltask.Database
+	// dataDir is the data directory: 'gantry run' sets it from its --data,
+	// 'gantry worker' has a --data of its own.
+	dataDir string
 }
 
 func (f *workerFlags) register(cmd *cobra.Command) {
@@ -63,6 +69,7 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.timeout, "task-timeout", 10*time.Minute, "default timeout of one attempt (a task's timeout wins)")
 	fl.IntVar(&f.maxPayload, "max-payload", 1<<20, "largest task message in bytes; a larger one is rejected")
 	fl.DurationVar(&f.killGrace, "kill-grace", 2*time.Second, "time between SIGTERM and SIGKILL of an exec task's process tree on timeout or cancel")
+	fl.StringVar(&f.containment, "exec-containment", string(proctree.Auto), "how an exec task's process tree is held together (Linux): auto (a cgroup v2 where delegated, else a subreaper), cgroup, subreaper or group")
 	f.retention = retentionValue(tasks.DefaultRetention)
 	fl.Var(&f.retention, "task-retention", "how long the record of a task that ended SUCCEEDED or CANCELLED is kept, in whole seconds (e.g. 30d, 36h); 0 keeps every record")
 }
@@ -130,6 +137,10 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 	if err != nil {
 		return workers.Config{}, err
 	}
+	containment, err := proctree.ParseContainment(f.containment)
+	if err != nil {
+		return workers.Config{}, usageError("--exec-containment %q: want auto, cgroup, subreaper or group", f.containment)
+	}
 	return workers.Config{
 		Name:   f.name,
 		Queues: queues,
@@ -137,6 +148,8 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 			Delay: f.delay, Timeout: f.timeout},
 		MaxPayload:    f.maxPayload,
 		KillGrace:     f.killGrace,
+		CheckpointDir: filepath.Join(f.dataDir, "checkpoints"),
+		ProcessTrees:  proctree.Config{Containment: containment, Shim: shimPath()},
 		TaskRetention: tc.Retention,
 		Databases:     f.databases,
 		Logger:        log.With("component", "workers"),
@@ -277,7 +290,9 @@ type) go to NEEDS_REVIEW at once, as does a task out of attempts.
 
 Built-in types: noop, exec, http, sql (on the databases of --config). Any
 other type is sent as a request to gantry.handlers.<type>. See
-docs/tasks.md and docs/sql.md.`,
+docs/tasks.md and docs/sql.md. An exec task's checkpoint file is under
+<data>/checkpoints; a worker removes the files a killed worker left there
+when it starts.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.worker(cmd.Context(), &f, configPath, cmd.Flags().Changed)
@@ -285,6 +300,7 @@ docs/tasks.md and docs/sql.md.`,
 	}
 	f.register(cmd)
 	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose databases (for sql tasks) and workers section this worker uses")
+	cmd.Flags().StringVar(&f.dataDir, "data", defaultDataDir(), "data directory; exec tasks' checkpoint files are under <data>/checkpoints")
 	return cmd
 }
 
