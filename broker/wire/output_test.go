@@ -31,15 +31,15 @@ func TestOutputSubject(t *testing.T) {
 func TestRedactLine(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"plain line, nothing to hide":              "plain line, nothing to hide",
-		"API_TOKEN=abc123 user=bob":                "API_TOKEN=[REDACTED] user=bob",
-		"password: hunter2":                        "password: [REDACTED]",
-		"Authorization: Bearer eyJhbGc.x.y":        "Authorization: [REDACTED]",
-		`connecting with "db_password": "s3cr=t"`:  `connecting with "db_password": "[REDACTED]"`,
-		`{"user":"bob","token":"t-1"}`:             `{"token":"[REDACTED]","user":"bob"}`,
+		"plain line, nothing to hide":               "plain line, nothing to hide",
+		"API_TOKEN=abc123 user=bob":                 "API_TOKEN=[REDACTED] user=bob",
+		"password: hunter2":                         "password: [REDACTED]",
+		"Authorization: Bearer eyJhbGc.x.y":         "Authorization: [REDACTED]",
+		`connecting with "db_password": "s3cr=t"`:   `connecting with "db_password": "[REDACTED]"`,
+		`{"user":"bob","token":"t-1"}`:              `{"token":"[REDACTED]","user":"bob"}`,
 		"export AWS_SECRET_ACCESS_KEY='k/ey' && go": "export AWS_SECRET_ACCESS_KEY='[REDACTED]' && go",
-		"cookie=a; session=b":                      "cookie=[REDACTED]; session=b",
-		"the secret is out":                        "the secret is out",
+		"cookie=a; session=b":                       "cookie=[REDACTED]; session=b",
+		"the secret is out":                         "the secret is out",
 	} {
 		if got := RedactLine(in); got != want {
 			t.Errorf("RedactLine(%q) = %q, want %q", in, got, want)
