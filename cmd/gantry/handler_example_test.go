@@ -14,7 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
 )
 
 // nodeExampleDir holds the Node handler example that docs/tasks.md shows.
@@ -178,9 +181,33 @@ func TestNodeHandlerKilledAndRestarted(t *testing.T) {
 		"--handler-heartbeat-window", "1s", "--no-handler-delay", "300ms", "--backoff-base", "200ms")
 	url := ready.NATS
 	h := startHandler(t, node, url)
+	// The worker passes on each task's progress lines: once every task has
+	// one, every task is in the handler's hands and has sent a heartbeat.
+	nc, _ := brokertest.Connect(t, url)
+	var mu sync.Mutex
+	progressed := map[string]bool{}
+	sub, err := nc.Subscribe(wire.SubjectOutputAll, func(m *nats.Msg) {
+		var l wire.OutputLine
+		if json.Unmarshal(m.Data, &l) == nil && l.Stream == wire.OutputHandler {
+			mu.Lock()
+			progressed[l.TaskID] = true
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	const n = 12
-	s := startNode(t, node, url, "submit.mjs", fmt.Sprint(n), "node-kill", "10", "150")
-	waitUntil(t, "the handler to take tasks", func() bool { return strings.Count(h.stdout(), "start ") >= 3 })
+	s := startNode(t, node, url, "submit.mjs", fmt.Sprint(n), "node-kill", "20", "150")
+	waitUntil(t, "every task to be in the handler's hands", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(progressed) == n
+	})
 	if err := h.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -210,8 +237,8 @@ func TestNodeHandlerKilledAndRestarted(t *testing.T) {
 			retried++
 		}
 	}
-	if len(got) != n || retried == 0 {
-		t.Errorf("submit.mjs: %d tasks, %d retried; want %d, some retried after the kill", len(got), retried, n)
+	if len(got) != n || retried != n {
+		t.Errorf("submit.mjs: %d tasks, %d retried; want %d, all retried after the kill", len(got), retried, n)
 	}
 	// The tasks in the dead handler's hands were given up within seconds
 	// of its last heartbeat, not at their 10 minute timeout.

@@ -93,7 +93,7 @@ func TestRejectedAndJobTasksFindable(t *testing.T) {
 	if err := nc.Publish(wire.TaskSubject("", "exec"), []byte(`{"id":"py-bad-r1","timeout":5}`)); err != nil {
 		t.Fatal(err)
 	}
-	rec := waitTaskState(t, url, "py-bad-r1", wire.TaskNeedsReview)
+	rec := waitRecord(t, url, "py-bad-r1", wire.TaskNeedsReview)
 	if !strings.Contains(rec.LastError, "timeout") {
 		t.Errorf("py-bad-r1 last error = %q, want the timeout named", rec.LastError)
 	}
@@ -112,7 +112,7 @@ func TestRejectedAndJobTasksFindable(t *testing.T) {
 		id = strings.TrimSpace(out)
 		return code == exitOK
 	})
-	if rec := waitTaskState(t, url, id, wire.TaskSucceeded); rec.Job != "nightly" {
+	if rec := waitRecord(t, url, id, wire.TaskSucceeded); rec.Job != "nightly" {
 		t.Errorf("task %s job = %q, want nightly", id, rec.Job)
 	}
 	waitUntil(t, "audit query --job nightly to find the task's events", func() bool {
@@ -123,4 +123,15 @@ func TestRejectedAndJobTasksFindable(t *testing.T) {
 		}
 		return seen[wire.EventJobFired] && seen[wire.EventTaskCreated] && seen[wire.EventTaskStarted] && seen[wire.EventTaskFinished]
 	})
+}
+
+// waitRecord polls 'gantry task get' until task id exists and is in state.
+func waitRecord(t *testing.T, url, id string, state wire.TaskState) wire.TaskRecord {
+	t.Helper()
+	var rec wire.TaskRecord
+	waitUntil(t, "task "+id+" to be "+string(state), func() bool {
+		code, out, _ := runInProcess(t, "task", "get", id, "--json", "--server", url)
+		return code == exitOK && json.Unmarshal([]byte(out), &rec) == nil && rec.State == state
+	})
+	return rec
 }
