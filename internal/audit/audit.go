@@ -64,21 +64,6 @@ func (e *Emitter) Emit(ctx context.Context, ev wire.Event) error {
 	return nil
 }
 
-// EmitAsync stamps ev and publishes it without waiting for the stream's
-// acknowledgement; the returned future reports it. Use it on hot paths and
-// check the futures (or jetstream.JetStream.PublishAsyncComplete) later.
-func (e *Emitter) EmitAsync(ev wire.Event) (jetstream.PubAckFuture, error) {
-	msg, err := e.Message(&ev)
-	if err != nil {
-		return nil, err
-	}
-	f, err := e.js.PublishMsgAsync(msg)
-	if err != nil {
-		return nil, fmt.Errorf("publish audit event %s: %w", ev.Type, err)
-	}
-	return f, nil
-}
-
 // Message stamps ev and returns it as a message for the audit stream, with
 // the event id as Nats-Msg-Id, for a caller that publishes it without
 // waiting (internal/asyncpub).
