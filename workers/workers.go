@@ -523,7 +523,7 @@ func (w *Workers) track(id string, cancel context.CancelCauseFunc) func() {
 // lost acknowledgement is stored once; the republish does carry the id.
 func (w *Workers) emitAsync(ev wire.Event) {
 	w.audit.Stamp(&ev)
-	data, err := wire.EncodeEvent(&ev)
+	data, err := json.Marshal(&ev)
 	if err != nil {
 		w.log.Error("encode audit event", "type", ev.Type, "task_id", ev.TaskID, "err", err)
 		return

@@ -69,7 +69,7 @@ func (e *Emitter) Emit(ctx context.Context, ev wire.Event) error {
 // waiting (internal/asyncpub).
 func (e *Emitter) Message(ev *wire.Event) (*nats.Msg, error) {
 	e.Stamp(ev)
-	data, err := wire.EncodeEvent(ev)
+	data, err := json.Marshal(ev)
 	if err != nil {
 		return nil, fmt.Errorf("encode audit event %s: %w", ev.Type, err)
 	}
