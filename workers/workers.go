@@ -132,6 +132,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 	w.handlers["noop"] = HandlerFunc(w.runNoop)
 	w.handlers["exec"] = HandlerFunc(w.runExec)
 	w.handlers["http"] = HandlerFunc(w.runHTTP)
+	w.handlers["backup"] = HandlerFunc(w.runBackup)
 	return w, nil
 }
 
