@@ -108,6 +108,14 @@ func setupSystem(t *testing.T) *system {
 	// taken before it ended: the restore parks it.
 	ended := publishTask(t, env, "t-ended")
 	put("t-ended", wire.TaskRunning, ended)
+	// t-finished too, and its end is in the audit stream: the restore
+	// completes its record from it.
+	finished := publishTask(t, env, "t-finished")
+	put("t-finished", wire.TaskRunning, finished)
+	if err := audit.NewEmitter(env.JS, "workers", nil).Emit(ctx, wire.Event{Type: wire.EventTaskFinished, TaskID: "t-finished",
+		Payload: audit.Payload(map[string]any{"state": wire.TaskSucceeded, "attempts": 2})}); err != nil {
+		t.Fatal(err)
+	}
 	// t-moved's message is not at its record's sequence, but another
 	// message names it: it is still waiting.
 	moved := publishTask(t, env, "t-moved")
@@ -115,7 +123,7 @@ func setupSystem(t *testing.T) *system {
 	// t-done ended and its record says so.
 	done := publishTask(t, env, "t-done")
 	put("t-done", wire.TaskSucceeded, done)
-	for _, seq := range []uint64{ended, moved, done} {
+	for _, seq := range []uint64{ended, finished, moved, done} {
 		if err := stream.DeleteMsg(ctx, seq); err != nil {
 			t.Fatal(err)
 		}
@@ -128,6 +136,11 @@ func setupSystem(t *testing.T) *system {
 	if _, err := env.JS.PublishMsg(ctx, msg); err != nil {
 		t.Fatal(err)
 	}
+	// t-unpublished's record was written, its message not yet published;
+	// t-unrecorded's message was, the record not yet told its sequence.
+	put("t-unpublished", wire.TaskWaiting, 0)
+	publishTask(t, env, "t-unrecorded")
+	put("t-unrecorded", wire.TaskWaiting, 0)
 	// Five tasks wait; a worker took two of them and runs them.
 	for _, id := range []string{"w-1", "w-2", "w-3", "w-4", "w-5"} {
 		put(id, wire.TaskWaiting, publishTask(t, env, id))
@@ -183,8 +196,8 @@ func TestTakeAndRestore(t *testing.T) {
 			tasksStream = s
 		}
 	}
-	if tasksStream.Messages != 6 || tasksStream.Consumers != 1 || tasksStream.Data != "streams/GANTRY_TASKS/stream.arc.s2" {
-		t.Errorf("GANTRY_TASKS in manifest = %+v, want 6 messages, 1 consumer, data streams/GANTRY_TASKS/stream.arc.s2", tasksStream)
+	if tasksStream.Messages != 7 || tasksStream.Consumers != 1 || tasksStream.Data != "streams/GANTRY_TASKS/stream.arc.s2" {
+		t.Errorf("GANTRY_TASKS in manifest = %+v, want 7 messages, 1 consumer, data streams/GANTRY_TASKS/stream.arc.s2", tasksStream)
 	}
 	if len(m.Files) != 2*len(want) {
 		t.Errorf("files = %d, want %d (archive and meta per stream)", len(m.Files), 2*len(want))
@@ -205,15 +218,15 @@ func TestTakeAndRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := info.CachedInfo().State.Msgs; n != 6 {
-		t.Errorf("restored GANTRY_TASKS messages = %d, want 6", n)
+	if n := info.CachedInfo().State.Msgs; n != 7 {
+		t.Errorf("restored GANTRY_TASKS messages = %d, want 7", n)
 	}
 	cons, err := dst.JS.Consumer(ctx, wire.StreamTasks, "gantry-workers-default")
 	if err != nil {
 		t.Fatalf("restored consumer: %v", err)
 	}
-	if ci := cons.CachedInfo(); ci.NumAckPending != 2 || ci.NumPending != 4 {
-		t.Errorf("restored consumer = %d pending acks, %d waiting; want 2 and 4", ci.NumAckPending, ci.NumPending)
+	if ci := cons.CachedInfo(); ci.NumAckPending != 2 || ci.NumPending != 5 {
+		t.Errorf("restored consumer = %d pending acks, %d waiting; want 2 and 5", ci.NumAckPending, ci.NumPending)
 	}
 
 	// No lease survives; the resources are back in service by policy.
@@ -247,24 +260,31 @@ func TestTakeAndRestore(t *testing.T) {
 		t.Errorf("LEASE_REVOKED events = %d, want one per lease (3)", len(revoked))
 	}
 
-	// t-ended is parked; the others keep their state.
-	if !slices.Equal(got.TasksParked, []string{"t-ended"}) {
-		t.Errorf("TasksParked = %v, want [t-ended]", got.TasksParked)
+	// t-ended and t-unpublished are parked; the others keep their state.
+	slices.Sort(got.TasksParked)
+	if want := []string{"t-ended", "t-unpublished"}; !slices.Equal(got.TasksParked, want) {
+		t.Errorf("TasksParked = %v, want %v", got.TasksParked, want)
 	}
 	store, err := tasks.NewStore(ctx, dst.JS, tasks.StoreConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !slices.Equal(got.TasksCompleted, []string{"t-finished"}) {
+		t.Errorf("TasksCompleted = %v, want [t-finished]", got.TasksCompleted)
+	}
+	if rec, _, err := store.Get(ctx, "t-finished"); err != nil || rec.Attempts != 2 || rec.LastError != "" {
+		t.Errorf("task t-finished = %d attempts, last error %q (err %v); want 2 and none, from its TASK_FINISHED event", rec.Attempts, rec.LastError, err)
+	}
 	for id, state := range map[string]wire.TaskState{
-		"t-ended": wire.TaskNeedsReview, "t-moved": wire.TaskWaiting, "t-done": wire.TaskSucceeded, "w-1": wire.TaskWaiting,
+		"t-finished": wire.TaskSucceeded, "t-ended": wire.TaskNeedsReview, "t-unpublished": wire.TaskNeedsReview, "t-unrecorded": wire.TaskWaiting, "t-moved": wire.TaskWaiting, "t-done": wire.TaskSucceeded, "w-1": wire.TaskWaiting,
 	} {
 		rec, _, err := store.Get(ctx, id)
 		if err != nil || rec.State != state {
 			t.Errorf("task %s = %s (err %v), want %s", id, rec.State, err, state)
 		}
 	}
-	if evs := streamEvents(t, dst, wire.EventNeedsReview); len(evs) != 1 || evs[0].TaskID != "t-ended" {
-		t.Errorf("NEEDS_REVIEW events = %+v, want one for t-ended", evs)
+	if evs := streamEvents(t, dst, wire.EventNeedsReview); len(evs) != 2 {
+		t.Errorf("NEEDS_REVIEW events = %+v, want one for each parked task", evs)
 	}
 
 	// The job is there.

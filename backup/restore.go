@@ -44,9 +44,14 @@ type Restored struct {
 	// ResourcesReclaimed are the resources those leases held, as they
 	// were returned to service.
 	ResourcesReclaimed []wire.Resource `json:"resources_reclaimed"`
-	// TasksParked are the tasks whose record was left unfinished though
-	// their message had left the stream before it was taken: they ended
-	// while the backup ran. Each is NEEDS_REVIEW now.
+	// TasksCompleted are the tasks that ended while the backup was taken,
+	// after their record was taken and before the task stream was: their
+	// records were completed from their TASK_FINISHED events.
+	TasksCompleted []string `json:"tasks_completed"`
+	// TasksParked are the tasks whose record says they had not finished
+	// while the backup holds no message of theirs and no end (a message
+	// published after the task stream was taken): each is NEEDS_REVIEW
+	// now, with a NEEDS_REVIEW event.
 	TasksParked []string `json:"tasks_parked"`
 	// AuditFiles counts the audit store's files put in place.
 	AuditFiles int `json:"audit_files"`
@@ -72,9 +77,10 @@ type RestoredStream struct {
 // revoked (LEASE_REVOKED: no lease from before the backup is honoured) and
 // the resources they held are returned to service by their reclaim policy
 // (RESOURCE_STATE_CHANGED); a task whose record says it had not finished
-// but whose message had already left the stream (it ended while the backup
-// was taken) is set NEEDS_REVIEW. Last, the audit store's files go into
-// cfg.AuditDir.
+// while the backup holds no message of it has its record completed from
+// its TASK_FINISHED event (it ended while the backup was taken), or, with
+// none, is set NEEDS_REVIEW (NEEDS_REVIEW). Last, the audit store's files
+// go into cfg.AuditDir.
 func (v *Verified) Restore(ctx context.Context, nc *nats.Conn, cfg RestoreConfig) (Restored, error) {
 	m := v.Manifest
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
@@ -100,7 +106,8 @@ func (v *Verified) Restore(ctx context.Context, nc *nats.Conn, cfg RestoreConfig
 			cfg.Progress(p)
 		}
 	}
-	out := Restored{Streams: []RestoredStream{}, TasksParked: []string{}, ResourcesReclaimed: []wire.Resource{}}
+	out := Restored{Streams: []RestoredStream{}, LeasesRevoked: []wire.Lease{}, ResourcesReclaimed: []wire.Resource{},
+		TasksCompleted: []string{}, TasksParked: []string{}}
 	for i, s := range m.Streams {
 		state, err := v.restoreStream(ctx, nc, js, s, func(n int64) {
 			report(Progress{Part: s.Name, Index: i + 1, Bytes: n})
@@ -176,7 +183,8 @@ func settle(ctx context.Context, js jetstream.JetStream, m wire.BackupManifest, 
 	if err != nil {
 		return err
 	}
-	parked, err := parkEnded(ctx, js, em)
+	completed, parked, err := settleTasks(ctx, js, em)
+	out.TasksCompleted = append(out.TasksCompleted, completed...)
 	out.TasksParked = append(out.TasksParked, parked...)
 	if err != nil {
 		return err
@@ -187,63 +195,144 @@ func settle(ctx context.Context, js jetstream.JetStream, m wire.BackupManifest, 
 	return nil
 }
 
-// parkEnded sets NEEDS_REVIEW the tasks whose record says they had not
-// finished while no message of theirs is in the restored task stream. The
-// buckets are taken before the streams, so such a task ended (or was
-// cancelled) between the two: its record is older than its end, and the
-// audit store, taken after both, tells how it ended.
-func parkEnded(ctx context.Context, js jetstream.JetStream, em *audit.Emitter) ([]string, error) {
+// settleTasks brings up to date the records of tasks that say they had
+// not finished while no message of theirs is in the restored task stream,
+// and returns the tasks it completed and those it parked. The buckets are
+// taken before the streams, so such a task either ended between the two
+// (its TASK_FINISHED event is in the audit stream, taken after both: its
+// record is completed from it; without one it is parked NEEDS_REVIEW), or
+// its record was written just before its message was published, after
+// the stream was taken: it is not in the backup, and is parked.
+func settleTasks(ctx context.Context, js jetstream.JetStream, em *audit.Emitter) (completed, parked []string, err error) {
 	store, err := tasks.NewStore(ctx, js, tasks.StoreConfig{})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	stream, err := js.Stream(ctx, wire.StreamTasks)
 	if err != nil {
-		return nil, fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
+		return nil, nil, fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
 	}
-	live, err := store.List(ctx, func(r wire.TaskRecord) bool { return !r.State.Terminal() && r.Seq != 0 })
+	live, err := store.List(ctx, func(r wire.TaskRecord) bool { return !r.State.Terminal() })
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var gone []wire.TaskRecord
 	for _, r := range live {
+		if r.Seq == 0 {
+			gone = append(gone, r)
+			continue
+		}
 		_, err := stream.GetMsg(ctx, r.Seq)
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			gone = append(gone, r)
 		case err != nil:
-			return nil, fmt.Errorf("look up task %s: %w", r.ID, err)
+			return nil, nil, fmt.Errorf("look up task %s: %w", r.ID, err)
 		}
 	}
 	if len(gone) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	// A task's message may have moved (a prioritized queue's sorter moves
-	// it to gantry.ready): only a task no message names has ended.
+	// A task's message may be elsewhere than its record says (a
+	// prioritized queue's sorter moved it, a retry published it anew, the
+	// record was not yet told): only a task no message names is settled.
 	ids, err := streamTaskIDs(ctx, stream)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var parked []string
+	ends, err := taskEnds(ctx, js)
+	if err != nil {
+		return nil, nil, err
+	}
 	now := time.Now().UTC()
 	for _, r := range gone {
 		if ids[r.ID] {
 			continue
 		}
 		was := r.State
-		r.State, r.RetryAt, r.UpdatedAt = wire.TaskNeedsReview, nil, now
-		r.LastError = fmt.Sprintf("restored from a backup: the task was %s in it, but its message had left the task stream, "+
-			"so it ended while the backup was taken; 'gantry audit query --task %s' tells how", was, r.ID)
+		r.RetryAt = nil
+		if end, ok := ends[r.ID]; ok && r.Seq != 0 {
+			r.State, r.UpdatedAt, r.LastError = end.State, end.Time, ""
+			r.Attempts = max(r.Attempts, end.Attempts)
+			if r.State == wire.TaskNeedsReview {
+				r.LastError = fmt.Sprintf("went to NEEDS_REVIEW while the backup was taken; its message is not kept "+
+					"(publish it again to retry it); 'gantry audit query --task %s' tells why", r.ID)
+			}
+			if _, err := store.Put(ctx, r); err != nil {
+				return completed, parked, err
+			}
+			completed = append(completed, r.ID)
+			continue
+		}
+		r.State, r.UpdatedAt = wire.TaskNeedsReview, now
+		if r.Seq != 0 {
+			r.LastError = fmt.Sprintf("restored from a backup: the task was %s in it, but its message had left the task stream "+
+				"while the backup was taken and its end is not in the audit stream; 'gantry audit query --task %s' may tell more", was, r.ID)
+		} else {
+			r.LastError = fmt.Sprintf("restored from a backup: the task was %s in it, but its message is not in the backup "+
+				"(it was published after the task stream was taken): submit it again if it should run", was)
+		}
 		if _, err := store.Put(ctx, r); err != nil {
-			return parked, err
+			return completed, parked, err
 		}
 		if err := em.Emit(ctx, wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: r.ID, ResourceID: r.Resource,
 			Message: r.LastError, Payload: audit.Payload(map[string]any{"was": was, "seq": r.Seq})}); err != nil {
-			return parked, err
+			return completed, parked, err
 		}
 		parked = append(parked, r.ID)
 	}
-	return parked, nil
+	return completed, parked, nil
+}
+
+// taskEnd is how a task ended, from its TASK_FINISHED event.
+type taskEnd struct {
+	State    wire.TaskState
+	Attempts int
+	Time     time.Time
+}
+
+// taskEnds reads the TASK_FINISHED events of the restored audit stream
+// stored since the task records were taken (by the server's clock, less a
+// minute), by task id.
+func taskEnds(ctx context.Context, js jetstream.JetStream) (map[string]taskEnd, error) {
+	records, err := js.Stream(ctx, "KV_"+wire.BucketTasks)
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketTasks, err)
+	}
+	since := records.CachedInfo().State.LastTime.Add(-time.Minute)
+	cons, err := js.OrderedConsumer(ctx, wire.StreamAudit, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{wire.EventTaskFinished.Subject()},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", wire.StreamAudit, err)
+	}
+	ends := map[string]taskEnd{}
+	for {
+		batch, err := cons.FetchNoWait(1000)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", wire.StreamAudit, err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			var ev wire.Event
+			var p struct {
+				State    wire.TaskState `json:"state"`
+				Attempts int            `json:"attempts"`
+			}
+			if json.Unmarshal(m.Data(), &ev) != nil || ev.TaskID == "" || json.Unmarshal(ev.Payload, &p) != nil || !p.State.Terminal() {
+				continue
+			}
+			ends[ev.TaskID] = taskEnd{State: p.State, Attempts: p.Attempts, Time: ev.Time}
+		}
+		if err := batch.Error(); err != nil {
+			return nil, fmt.Errorf("read %s: %w", wire.StreamAudit, err)
+		}
+		if n == 0 {
+			return ends, nil
+		}
+	}
 }
 
 // streamTaskIDs reads every message of the task stream and returns the
