@@ -27,12 +27,13 @@ import (
 	"github.com/gantry-dev/gantry/kv"
 )
 
-// Sentinel errors, checked with errors.Is. Both match kv.ErrInvalid (and
-// so client.ErrInvalid): the CLI exits 2 on them.
+// Errors checked with errors.Is. Both match kv.ErrInvalid (and so
+// client.ErrInvalid): the CLI exits 2 on them.
 var (
 	// ErrInvalid: a backup or restore asked into a directory that is not
-	// new or empty, or a restore that would overwrite data.
-	ErrInvalid = kv.Sentinel("invalid backup request", kv.ErrInvalid)
+	// new or empty, or a restore that would overwrite data. It is
+	// kv.ErrInvalid.
+	ErrInvalid = kv.ErrInvalid
 	// ErrCorrupt: a backup whose manifest is unreadable, or a file of
 	// which is missing or does not match its size and SHA-256 (a
 	// *CorruptError says which).
@@ -94,7 +95,7 @@ const AuditPart = "audit"
 // is on disk: a directory without one is not a backup. On failure Take
 // removes what it wrote.
 func Take(ctx context.Context, nc *nats.Conn, dir string, cfg Config) (m wire.BackupManifest, err error) {
-	if err := checkEmpty(dir); err != nil {
+	if err := checkEmpty(dir, "backup dir"); err != nil {
 		return wire.BackupManifest{}, err
 	}
 	cfg.AuditTimeout = cmp.Or(cfg.AuditTimeout, 10*time.Minute)
@@ -344,16 +345,17 @@ func writeManifest(dir string, m wire.BackupManifest) error {
 	return nil
 }
 
-// checkEmpty refuses a directory that exists and holds anything.
-func checkEmpty(dir string) error {
+// checkEmpty refuses a directory that exists and holds anything; what
+// names it in the error.
+func checkEmpty(dir, what string) error {
 	entries, err := os.ReadDir(dir)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return nil
 	case err != nil:
-		return fmt.Errorf("%w: %s: %v", ErrInvalid, dir, err)
+		return fmt.Errorf("%w: %s %s: %v", ErrInvalid, what, dir, err)
 	case len(entries) > 0:
-		return fmt.Errorf("%w: %s is not empty: name a new or empty directory", ErrInvalid, dir)
+		return fmt.Errorf("%w: %s %s is not empty: name a new or empty directory", ErrInvalid, what, dir)
 	}
 	return nil
 }

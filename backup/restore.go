@@ -88,7 +88,7 @@ func (v *Verified) Restore(ctx context.Context, nc *nats.Conn, cfg RestoreConfig
 		if cfg.AuditDir == "" {
 			return Restored{}, fmt.Errorf("%w: the backup holds the audit store: name a directory for it", ErrInvalid)
 		}
-		if err := checkEmpty(cfg.AuditDir); err != nil {
+		if err := checkEmpty(cfg.AuditDir, "audit store dir"); err != nil {
 			return Restored{}, err
 		}
 	}
@@ -117,7 +117,7 @@ func (v *Verified) Restore(ctx context.Context, nc *nats.Conn, cfg RestoreConfig
 		}
 		out.Streams = append(out.Streams, RestoredStream{Name: s.Name, Messages: state.Messages, LastSeq: state.LastSeq})
 		report(Progress{Part: s.Name, Index: i + 1, Done: true})
-		cfg.Logger.Info("stream restored", "stream", s.Name, "messages", state.Messages)
+		cfg.Logger.Debug("stream restored", "stream", s.Name, "messages", state.Messages)
 	}
 	if err := settle(ctx, js, m, cfg.Logger, &out); err != nil {
 		return out, err

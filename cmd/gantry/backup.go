@@ -161,9 +161,11 @@ audit store in NEWDIR/audit, and stops.
 Leases from before the backup are not honoured: every one is revoked (a
 LEASE_REVOKED event each) and the resources they held go back to AVAILABLE
 (or FAULT, by their reclaim policy) with a RESOURCE_STATE_CHANGED event. A
-task whose record had not finished while its message had already left the
-task stream (it ended while the backup was taken) is set NEEDS_REVIEW. The
-events are stored when the restored system first runs.
+task that ended while the backup was taken (its record was taken before its
+end, the task stream after) gets its record completed from its TASK_FINISHED
+event; one whose message the backup does not hold (it was published after
+the task stream was taken) is set NEEDS_REVIEW, saying so. The events are
+stored when the restored system first runs.
 
 Then start it with 'gantry run --data NEWDIR': the tasks that waited in the
 backup run, and those that were running run again once their ack deadline
@@ -229,9 +231,10 @@ func (a *app) restore(ctx context.Context, dir, dataDir string) (err error) {
 		msgs += s.Messages
 	}
 	_, err = fmt.Fprintf(a.stdout, "restored %s into %s: %d streams (%d messages), %d audit store files; "+
-		"%d leases revoked, %d resources reclaimed, %d tasks set NEEDS_REVIEW\nstart it with: gantry run --data %s\n",
-		dir, dataDir, len(restored.Streams), msgs, restored.AuditFiles,
-		len(restored.LeasesRevoked), len(restored.ResourcesReclaimed), len(restored.TasksParked), dataDir)
+		"%d leases revoked, %d resources reclaimed, %d task records completed, %d tasks set NEEDS_REVIEW\n"+
+		"start it with: gantry run --data %s\n",
+		dir, dataDir, len(restored.Streams), msgs, restored.AuditFiles, len(restored.LeasesRevoked),
+		len(restored.ResourcesReclaimed), len(restored.TasksCompleted), len(restored.TasksParked), dataDir)
 	return err
 }
 
