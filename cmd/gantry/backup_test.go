@@ -279,9 +279,12 @@ jobs:
 		}
 		return nil
 	})
-	if rec, err := c2.Task(ctx, "hold-cam3"); err != nil || rec.State.Terminal() || !strings.Contains(rec.LastError, "FAULT") {
-		t.Errorf("task hold-cam3 = %s, last error %q (err %v); want it waiting for cam3, which is FAULT", rec.State, rec.LastError, err)
-	}
+	poll.For(t, 20*time.Second, 100*time.Millisecond, func() error {
+		if rec, err := c2.Task(ctx, "hold-cam3"); err != nil || rec.State.Terminal() || !strings.Contains(rec.LastError, "FAULT") {
+			return fmt.Errorf("task hold-cam3 = %s, last error %q (err %v); want it waiting for cam3, which is FAULT", rec.State, rec.LastError, err)
+		}
+		return nil
+	})
 	for id, want := range map[string]wire.ResourceState{"cam1": wire.ResourceAvailable, "cam3": wire.ResourceFault} {
 		res, err := c2.Resource(ctx, id)
 		if err != nil || res.State != want {
@@ -369,8 +372,8 @@ jobs:
 			missing++
 		}
 	}
-	if missing > 0 || len(snapshot) < 100 {
-		t.Errorf("audit store after restore lacks %d of the %d events of the backup's checkpoint, want all (and at least 100)", missing, len(snapshot))
+	if missing > 0 || len(snapshot) < len(markers) {
+		t.Errorf("audit store after restore lacks %d of the %d events of the backup's checkpoint, want all (and at least the %d markers)", missing, len(snapshot), len(markers))
 	}
 }
 
