@@ -147,7 +147,7 @@ func Take(ctx context.Context, nc *nats.Conn, dir string, cfg Config) (m wire.Ba
 		}
 		m.Streams = append(m.Streams, s)
 		m.Files = append(m.Files, files...)
-		report(Progress{Part: name, Index: i + 1, Bytes: files[1].Size, Done: true})
+		report(Progress{Part: name, Index: i + 1, Bytes: files[0].Size, Done: true})
 	}
 	if !cfg.NoAudit {
 		report(Progress{Part: AuditPart, Index: parts})
@@ -171,8 +171,10 @@ func Take(ctx context.Context, nc *nats.Conn, dir string, cfg Config) (m wire.Ba
 }
 
 // gantryStreams lists the streams a backup takes, in the order it takes
-// them: the KV buckets, then the streams, the audit stream last. It
-// refuses a server that lacks the task stream (not gantry's).
+// them: the KV buckets (the task records last, right before the task
+// stream, so that few tasks end in between), then the streams, the task
+// stream first and the audit stream last. It refuses a server that lacks
+// the task stream (not gantry's).
 func gantryStreams(ctx context.Context, js jetstream.JetStream) ([]string, error) {
 	var buckets, streams []string
 	names := js.StreamNames(ctx)
@@ -191,8 +193,13 @@ func gantryStreams(ctx context.Context, js jetstream.JetStream) ([]string, error
 		return nil, fmt.Errorf("no stream %s on the server: is it gantry's broker?", wire.StreamTasks)
 	}
 	slices.Sort(buckets)
+	if i := slices.Index(buckets, "KV_"+wire.BucketTasks); i >= 0 {
+		buckets = append(slices.Delete(buckets, i, i+1), "KV_"+wire.BucketTasks)
+	}
 	slices.Sort(streams)
-	out := append(buckets, streams...)
+	streams = slices.DeleteFunc(streams, func(s string) bool { return s == wire.StreamTasks })
+	out := append(buckets, wire.StreamTasks)
+	out = append(out, streams...)
 	return append(out, wire.StreamAudit), nil
 }
 

@@ -79,8 +79,8 @@ type RestoredStream struct {
 // (RESOURCE_STATE_CHANGED); a task whose record says it had not finished
 // while the backup holds no message of it has its record completed from
 // its TASK_FINISHED event (it ended while the backup was taken), or, with
-// none, is set NEEDS_REVIEW (NEEDS_REVIEW). Last, the audit store's files
-// go into cfg.AuditDir.
+// none, is set NEEDS_REVIEW with a NEEDS_REVIEW event. Last, the audit
+// store's files go into cfg.AuditDir.
 func (v *Verified) Restore(ctx context.Context, nc *nats.Conn, cfg RestoreConfig) (Restored, error) {
 	m := v.Manifest
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
@@ -162,8 +162,9 @@ func (v *Verified) restoreStream(ctx context.Context, nc *nats.Conn, js jetstrea
 	return restore(ctx, nc, s.Name, meta, f, progress)
 }
 
-// settle revokes the backup's leases, reclaims their resources and parks
-// the records of tasks that ended while the backup was taken.
+// settle revokes the backup's leases, reclaims their resources and
+// settles the records of the tasks the backup caught between its
+// snapshots (settleTasks).
 func settle(ctx context.Context, js jetstream.JetStream, m wire.BackupManifest, log *slog.Logger, out *Restored) error {
 	em := audit.NewEmitter(js, "restore", nil)
 	res, err := lease.NewResources(js, lease.ResourcesConfig{Audit: em, Logger: log})
