@@ -163,6 +163,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 	w.handlers["exec"] = HandlerFunc(w.runExec)
 	w.handlers["http"] = HandlerFunc(w.runHTTP)
 	w.handlers["sql"] = HandlerFunc(w.runSQL)
+	w.handlers["backup"] = HandlerFunc(w.runBackup)
 	return w, nil
 }
 
