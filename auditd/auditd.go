@@ -14,6 +14,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/clock"
@@ -27,7 +28,7 @@ const (
 	// KeepForever as Config.Retention turns retention off.
 	KeepForever time.Duration = -1
 	// DefaultConsumer is the durable consumer's name on GANTRY_AUDIT.
-	DefaultConsumer = "auditd"
+	DefaultConsumer = wire.AuditConsumer
 )
 
 // Config configures the audit sink.
@@ -61,6 +62,9 @@ type Config struct {
 	// Clock drives retention and the pauses between write retries.
 	// Defaults to the real clock.
 	Clock clock.Clock
+	// Metrics registers the sink's Prometheus counters (events stored,
+	// malformed, expired, write errors). Defaults to none.
+	Metrics prometheus.Registerer
 }
 
 // Service is the audit sink actor: ingest, query service and retention.
@@ -116,7 +120,11 @@ func New(cfg Config, nc *nats.Conn) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("auditd: jetstream: %w", err)
 	}
-	return &Service{cfg: cfg, nc: nc, js: js, log: cfg.Logger}, nil
+	s := &Service{cfg: cfg, nc: nc, js: js, log: cfg.Logger}
+	if err := s.registerMetrics(cfg.Metrics); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // Stats returns the sink's counters.

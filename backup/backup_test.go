@@ -179,8 +179,8 @@ func TestTakeAndRestore(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Take: %v", err)
 	}
-	want := []string{"KV_gantry_checkpoints", "KV_gantry_jobs", "KV_gantry_leases", "KV_gantry_resources", "KV_gantry_routes",
-		"KV_gantry_scheduler", "KV_gantry_tasks", wire.StreamTasks, wire.StreamAudit}
+	want := []string{"KV_gantry_checkpoints", "KV_gantry_jobs", "KV_gantry_leases", "KV_gantry_queues", "KV_gantry_resources", "KV_gantry_routes",
+		"KV_gantry_scheduler", "KV_gantry_workers", "KV_gantry_tasks", wire.StreamTasks, wire.StreamAudit}
 	if !slices.Equal(parts, want) {
 		t.Errorf("parts done = %v, want %v (buckets, then streams, the audit stream last)", parts, want)
 	}

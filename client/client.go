@@ -122,6 +122,8 @@ type Client struct {
 	jobs        lazy[*jobs.Store]
 	scheduler   lazy[*jobs.SchedulerStore]
 	routes      lazy[*egress.Store]
+	queues      lazy[*tasks.Queues]
+	presence    lazy[*tasks.Presence]
 }
 
 // Connect connects to the broker with opts and returns a client that owns

@@ -376,6 +376,7 @@ func (r *runner) decide(en *entry, now time.Time, counts *taskCounts) (wire.Skip
 func (r *runner) skip(en *entry, pf plannedFire, reason wire.SkipReason, detail string) {
 	j := en.spec.Job
 	r.s.log.Debug("job skipped", "job", j.Name, "reason", reason, "planned", pf.at)
+	r.s.m.skips.WithLabelValues(j.Name, string(reason)).Inc()
 	r.emitAsync(wire.Event{Type: wire.EventJobSkipped, JobID: j.Name, TaskID: wire.JobTaskID(j.Name, pf.at),
 		Message: "job skipped: " + detail,
 		Payload: audit.Payload(map[string]any{"reason": reason, "planned": pf.at, "trigger": pf.trigger})})
@@ -467,6 +468,7 @@ func (r *runner) complete(ctx context.Context, pubs []*pub) {
 			delete(r.active, id)
 			p.en.state.Active = slices.DeleteFunc(p.en.state.Active, func(a wire.ActiveRun) bool { return a.TaskID == id })
 			r.touch(p.en)
+			r.s.m.misses.WithLabelValues(j.Name).Inc()
 			r.emitAsync(wire.Event{Type: wire.EventJobMissed, Level: wire.LevelError, JobID: j.Name, TaskID: id,
 				Message: "task could not be published: " + err.Error(),
 				Payload: audit.Payload(map[string]any{"planned": p.run.Planned, "trigger": p.run.Trigger})})
@@ -477,6 +479,8 @@ func (r *runner) complete(ctx context.Context, pubs []*pub) {
 			continue
 		}
 		r.putRun(p.run)
+		r.s.m.fires.WithLabelValues(j.Name, string(p.run.Trigger)).Inc()
+		r.s.m.lag.Observe(max(p.run.Fired.Sub(p.run.Planned).Seconds(), 0))
 		r.emitAsync(wire.Event{Type: wire.EventJobFired, JobID: j.Name, TaskID: id,
 			Message: "job fired",
 			Payload: audit.Payload(map[string]any{

@@ -366,6 +366,7 @@ func (r *runner) misfire(en *entry, missed []time.Time, more int) {
 		fire = missed[max(0, len(missed)-n):]
 	}
 	skipped := missed[:len(missed)-len(fire)]
+	r.s.m.misses.WithLabelValues(j.Name).Add(float64(len(skipped) + more))
 	for i, p := range skipped {
 		if i == maxMissedEvents {
 			break

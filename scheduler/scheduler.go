@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
@@ -53,6 +54,9 @@ type Config struct {
 	Clock clock.Clock
 	// Logger receives the scheduler's logs. Defaults to discarding them.
 	Logger *slog.Logger
+	// Metrics registers the scheduler's Prometheus metrics (fires, skips,
+	// misses, fire lag, leadership). Defaults to none.
+	Metrics prometheus.Registerer
 }
 
 // Scheduler fires the jobs of gantry_jobs as tasks. Any number may run; the
@@ -72,6 +76,7 @@ type Scheduler struct {
 	clock clock.Clock
 	audit *audit.Emitter
 	host  string
+	m     *metrics
 
 	leading atomic.Bool
 	term    atomic.Uint64
@@ -115,14 +120,19 @@ func New(cfg Config, js jetstream.JetStream) (*Scheduler, error) {
 		defs[i] = n
 	}
 	cfg.Jobs = defs
-	return &Scheduler{
+	s := &Scheduler{
 		cfg:   cfg,
 		js:    js,
 		log:   cfg.Logger.With("component", "scheduler", "scheduler_id", cfg.ID),
 		clock: cfg.Clock,
 		audit: audit.NewEmitter(js, "scheduler", cfg.Clock),
 		host:  host,
-	}, nil
+	}
+	var err error
+	if s.m, err = newMetrics(cfg.Metrics, s); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // ID returns the scheduler's id, as written in the leader key.

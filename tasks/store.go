@@ -221,6 +221,18 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	return nil
 }
 
+// DeleteAt removes the record of task id if it is still at revision rev.
+func (s *Store) DeleteAt(ctx context.Context, id string, rev uint64) error {
+	err := s.kv.Delete(ctx, id, jetstream.LastRevision(rev))
+	if kv.Conflict(err) {
+		return fmt.Errorf("task %q: %w", id, ErrChanged)
+	}
+	if err != nil {
+		return fmt.Errorf("delete task %s: %w", id, err)
+	}
+	return nil
+}
+
 func encodeTask(r wire.TaskRecord) ([]byte, error) {
 	if !wire.ValidTaskID(r.ID) {
 		return nil, fmt.Errorf("task id %q: want 1 to %d letters, digits, '-', '_' or '='", r.ID, wire.MaxTaskIDLen)

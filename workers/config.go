@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/proctree"
@@ -118,6 +120,18 @@ type Config struct {
 	Clock clock.Clock
 	// Logger receives the workers' logs. Defaults to a discarding logger.
 	Logger *slog.Logger
+	// Metrics registers the workers' Prometheus metrics (wait and run
+	// times, outcomes, retries, errors, time to recover). Defaults to none:
+	// the metrics are kept but not exported.
+	Metrics prometheus.Registerer
+	// Version is the version this worker reports in gantry_workers.
+	// Defaults to "dev".
+	Version string
+	// PresenceInterval is how often the worker writes its presence (queues,
+	// running tasks, last hour's counts) in gantry_workers; the entry
+	// lapses 3 intervals (whole seconds) after the last write. Defaults to
+	// 5 s.
+	PresenceInterval time.Duration
 }
 
 // Queue is one queue workers consume.
@@ -240,6 +254,11 @@ func (c Config) withDefaults() (Config, error) {
 	c.KillGrace = cmp.Or(c.KillGrace, 2*time.Second)
 	c.CheckpointDir = cmp.Or(c.CheckpointDir, filepath.Join(os.TempDir(), "gantry-checkpoints"))
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, 5*time.Second)
+	c.Version = cmp.Or(c.Version, "dev")
+	c.PresenceInterval = cmp.Or(c.PresenceInterval, 5*time.Second)
+	if c.PresenceInterval < 100*time.Millisecond {
+		return c, fmt.Errorf("presence interval %v: want at least 100ms", c.PresenceInterval)
+	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{}
 	}

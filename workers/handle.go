@@ -98,6 +98,20 @@ type delivery struct {
 	// write never lands after the final one.
 	mu    sync.Mutex
 	final bool
+
+	// readyAt is when the task could first start this delivery: its
+	// creation, its not_before or its retry's due time.
+	readyAt time.Time
+	// pm are the metrics of the task's queue and type, once resolved.
+	pm *pairMetrics
+}
+
+// metrics returns the series of the delivery's queue and type.
+func (d *delivery) metrics() *pairMetrics {
+	if d.pm == nil {
+		d.pm = d.w.metrics.pair(d.rec.Queue, d.rec.Type)
+	}
+	return d.pm
 }
 
 // process handles one delivered message from decoding to its ack, nak or
@@ -169,6 +183,9 @@ func (d *delivery) run(ctx context.Context) {
 			return
 		case prev.Seq == 0 || prev.Seq == meta.Sequence.Stream || (sorted && prev.Seq == intakeSeq):
 			d.rec.CreatedAt = prev.CreatedAt
+			if prev.RetryAt != nil {
+				d.readyAt = *prev.RetryAt
+			}
 			d.rec.Delays = prev.Delays
 			d.rec.LastError = prev.LastError
 			switch prev.State {
@@ -230,7 +247,8 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	}
 	tctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	untrack := w.track(id, cancel)
+	untrack := w.track(wire.RunningTask{ID: id, Queue: d.rec.Queue, Type: d.rec.Type, Attempt: attempt,
+		Resource: d.rec.Resource, StartedAt: time.Now().UTC()}, cancel)
 	defer untrack()
 
 	var holder *lease.ResourceHolder
@@ -247,6 +265,9 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 		Message: "task started", Payload: audit.Payload(startedPayload{Attempt: attempt, Type: d.rec.Type, Worker: w.cfg.Name})})
 
 	start := time.Now()
+	pm := d.metrics()
+	pm.wait.Observe(max(w.cfg.Clock.Now().Sub(d.ready()), 0).Seconds())
+	pm.running.Inc()
 	deadline := w.cfg.Clock.Now().Add(d.pol.Timeout)
 	tctx, cancelTimeout := context.WithTimeoutCause(tctx, d.pol.Timeout, ErrTimeout)
 	defer cancelTimeout()
@@ -286,6 +307,8 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	t := &Task{ID: id, Type: d.rec.Type, Queue: d.rec.Queue, Attempt: attempt, Payload: d.task.Payload,
 		Resource: d.rec.Resource, Deadline: deadline, cps: w.cps, live: live}
 	err := d.call(tctx, t)
+	pm.run.Observe(time.Since(start).Seconds())
+	pm.running.Dec()
 	live.close()
 	// The attempt has ended: no RUNNING write from now on, and the one
 	// under way (it reads d.rec) is over before d.rec changes.
@@ -357,6 +380,18 @@ func (d *delivery) call(ctx context.Context, t *Task) (err error) {
 	return d.w.handler(t.Type).Run(ctx, t)
 }
 
+// ready returns when the task could first start this delivery.
+func (d *delivery) ready() time.Time {
+	at := d.readyAt
+	if at.IsZero() {
+		at = d.rec.CreatedAt
+	}
+	if nb := d.task.NotBefore; nb != nil && nb.After(at) {
+		at = *nb
+	}
+	return at
+}
+
 // settle records the outcome of an attempt and acks, naks or terms.
 func (d *delivery) settle(ctx context.Context, t *Task, err error) {
 	if err == nil {
@@ -365,6 +400,9 @@ func (d *delivery) settle(ctx context.Context, t *Task, err error) {
 	}
 	d.rec.LastError = err.Error()
 	c, hint := Classify(err)
+	if c != ClassCancelled {
+		d.metrics().failed(errorKind(err, c), d.w.cfg.Clock.Now())
+	}
 	switch c {
 	case ClassCancelled:
 		d.finishCancelled(ctx)
@@ -391,6 +429,7 @@ func (d *delivery) settle(ctx context.Context, t *Task, err error) {
 			return
 		}
 		wait := backoff(d.pol, d.rec.Attempts, jitter)
+		d.metrics().retry.Inc()
 		at := d.w.cfg.Clock.Now().Add(wait)
 		d.rec.State = wire.TaskRetryWait
 		d.rec.RetryAt = &at
@@ -410,6 +449,7 @@ func (d *delivery) succeed(ctx context.Context, t *Task) {
 			d.w.log.Warn("clear checkpoint", "task_id", d.rec.ID, "err", err)
 		}
 	}
+	d.metrics().success(d.w.cfg.Clock.Now())
 	d.rec.State = wire.TaskSucceeded
 	d.rec.LastError = ""
 	d.rec.RetryAt = nil
@@ -427,6 +467,7 @@ func (d *delivery) delay(ctx context.Context, wait time.Duration, state wire.Tas
 		return
 	}
 	d.rec.Delays++
+	d.metrics().delay.Inc()
 	at := d.w.cfg.Clock.Now().Add(wait)
 	d.rec.State = state
 	d.rec.RetryAt = &at
@@ -454,6 +495,7 @@ func (d *delivery) needsReview(ctx context.Context, reason error) {
 }
 
 func (d *delivery) finishCancelled(ctx context.Context) {
+	d.metrics().cancelled.Inc()
 	d.rec.State = wire.TaskCancelled
 	d.rec.RetryAt = nil
 	d.write(ctx)
@@ -466,6 +508,7 @@ func (d *delivery) finishCancelled(ctx context.Context) {
 // task to NEEDS_REVIEW with the reason, the message removed.
 func (d *delivery) reject(ctx context.Context, reason error) {
 	d.w.log.Warn("task rejected", "task_id", d.rec.ID, "subject", d.msg.Subject(), "err", reason)
+	d.metrics().errs[kindRejected].Inc()
 	d.emit(wire.Event{Type: wire.EventTaskRejected, Level: wire.LevelWarn, Message: reason.Error(),
 		Payload: audit.Payload(map[string]any{"subject": d.msg.Subject(), "seq": d.rec.Seq, "size": len(d.msg.Data())})})
 	d.rec.Attempts = 0

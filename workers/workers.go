@@ -56,8 +56,18 @@ type Workers struct {
 	// rmu guards running and interrupting: once interruptAll has run, a
 	// task that starts is interrupted at once.
 	rmu          sync.Mutex
-	running      map[string]context.CancelCauseFunc
+	running      map[string]runningTask
 	interrupting bool
+
+	// metrics are the Prometheus metrics and the presence's window.
+	metrics *metrics
+	// queues holds the queues' pauses; paused, read when Run starts, says
+	// which configured queues' new consumers start paused.
+	queues *tasks.Queues
+	paused map[string]bool
+	// presence is this process's entry in gantry_workers, from started.
+	presence *tasks.Presence
+	started  time.Time
 
 	// outputs holds the live output of each running attempt, by task id.
 	outputs sync.Map
@@ -82,6 +92,13 @@ type Workers struct {
 	pub *asyncpub.Publisher
 	// quit is closed when Run returns: idle runners leave.
 	quit chan struct{}
+}
+
+// runningTask is a task running in this process: how to stop it, and
+// what the presence entry lists of it.
+type runningTask struct {
+	cancel context.CancelCauseFunc
+	info   wire.RunningTask
 }
 
 // job is one delivered message for a runner.
@@ -145,9 +162,12 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		trees:    trees,
 		cpDir:    cpDir,
 		handlers: map[string]Handler{},
-		running:  map[string]context.CancelCauseFunc{},
+		running:  map[string]runningTask{},
 		idle:     make(chan job),
 		quit:     make(chan struct{}),
+	}
+	if w.metrics, err = newMetrics(cfg.Metrics); err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
 	}
 	w.consumers = w.specs()
 	w.sorters = map[string]*sorter{}
@@ -250,6 +270,11 @@ func (w *Workers) consumerConfig(sp *spec) jetstream.ConsumerConfig {
 	if sp.leftover != "" {
 		cfg.FilterSubject, cfg.FilterSubjects = "", []string{sp.subject, sp.leftover}
 	}
+	if w.paused[sp.queue.Name] {
+		// A new consumer of a paused queue starts paused; an existing
+		// one keeps its own pause (the broker ignores this on update).
+		cfg.PauseUntil = &tasks.PausedUntil
+	}
 	return cfg
 }
 
@@ -291,6 +316,9 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 	stream, err := w.js.Stream(ctx, wire.StreamTasks)
 	if err != nil {
 		return fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
+	}
+	if err := w.openOps(ctx); err != nil {
+		return err
 	}
 
 	defer func() {
@@ -379,6 +407,16 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 		sorting.Go(func() { s.run(ctx) })
 		w.log.Info("sorting by priority", "consumer", s.name, "queue", s.queue.Name, "window", s.queue.PriorityWindow)
 	}
+	// The queues' pauses, followed live, and this process's presence.
+	opsCtx, stopOps := context.WithCancel(ctx)
+	var ops sync.WaitGroup
+	ops.Go(func() { w.followPauses(opsCtx) })
+	ops.Go(func() { w.heartbeat(opsCtx) })
+	defer func() {
+		stopOps()
+		ops.Wait()
+		w.leave(context.WithoutCancel(ctx))
+	}()
 	lc.MarkReady()
 
 	select {
@@ -518,7 +556,7 @@ func (w *Workers) cancelRunning(req micro.Request) {
 	}
 	id := in.ID
 	w.rmu.Lock()
-	cancel := w.running[id]
+	cancel := w.running[id].cancel
 	w.rmu.Unlock()
 	if cancel == nil {
 		w.cancelHeld(req, id)
@@ -554,16 +592,18 @@ func (w *Workers) interruptAll() {
 	w.rmu.Lock()
 	defer w.rmu.Unlock()
 	w.interrupting = true
-	for _, cancel := range w.running {
-		cancel(errInterrupted)
+	for _, rt := range w.running {
+		rt.cancel(errInterrupted)
 	}
 }
 
 // track registers a running task for cancellation (interrupting it at once
-// if interruptAll has run); the returned function unregisters it.
-func (w *Workers) track(id string, cancel context.CancelCauseFunc) func() {
+// if interruptAll has run) and for the presence entry; the returned
+// function unregisters it.
+func (w *Workers) track(info wire.RunningTask, cancel context.CancelCauseFunc) func() {
+	id := info.ID
 	w.rmu.Lock()
-	w.running[id] = cancel
+	w.running[id] = runningTask{cancel: cancel, info: info}
 	if w.interrupting {
 		cancel(errInterrupted)
 	}
@@ -676,6 +716,7 @@ func (w *Workers) maxDeliveries(ctx context.Context, stream jetstream.Stream, da
 func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord) {
 	rec.State = wire.TaskNeedsReview
 	rec.UpdatedAt = w.cfg.Clock.Now()
+	w.metrics.pair(rec.Queue, rec.Type).needsReview.Inc()
 	rec.RetryAt = nil
 	if rec.CreatedAt.IsZero() {
 		rec.CreatedAt = rec.UpdatedAt

@@ -100,6 +100,17 @@ var eventSubjects = map[EventType]string{
 	EventLeaderElected: "scheduler.leader_elected",
 
 	EventConfigRejected: "config.rejected",
+
+	EventQueuePaused:  "queue.paused",
+	EventQueueResumed: "queue.resumed",
+	EventTaskPurged:   "task.purged",
+
+	EventAlertNeedsReview:   "alert.needs_review",
+	EventAlertLongRunning:   "alert.long_running",
+	EventAlertRouteDown:     "alert.route_down",
+	EventAlertResourceFault: "alert.resource_fault",
+	EventAlertLeaderLost:    "alert.leader_lost",
+	EventAlertAuditLag:      "alert.audit_lag",
 }
 
 // EventTypes lists every known event type.

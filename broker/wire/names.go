@@ -36,6 +36,7 @@ const (
 var Buckets = []string{
 	BucketLeases, BucketResources, BucketRoutes, BucketJobs,
 	BucketTasks, BucketCheckpoints, BucketScheduler,
+	BucketQueues, BucketWorkers,
 }
 
 // Subjects. Each has a wildcard form for subscribers and a function that

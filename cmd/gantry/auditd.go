@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -27,13 +28,14 @@ func (f *auditdFlags) register(fs *pflag.FlagSet) {
 		"how long the audit store keeps an event, by the event's time (e.g. 90d, 36h); 0 keeps every event forever")
 }
 
-// config returns the sink's configuration for the store in dir.
-func (f *auditdFlags) config(dir string, log *slog.Logger) auditd.Config {
+// config returns the sink's configuration for the store in dir, its
+// metrics on reg.
+func (f *auditdFlags) config(dir string, log *slog.Logger, reg prometheus.Registerer) auditd.Config {
 	ret := time.Duration(f.retention)
 	if ret == 0 {
 		ret = auditd.KeepForever
 	}
-	return auditd.Config{Dir: dir, Retention: ret, Logger: log.With("component", "auditd")}
+	return auditd.Config{Dir: dir, Retention: ret, Logger: log.With("component", "auditd"), Metrics: reg}
 }
 
 // retentionValue is a duration flag that also takes days ("30d"), as the
@@ -64,8 +66,9 @@ func auditStoreDir(dataDir string) string { return filepath.Join(dataDir, "audit
 
 func (a *app) auditdCommand() *cobra.Command {
 	var (
-		af      auditdFlags
-		dataDir string
+		af         auditdFlags
+		dataDir    string
+		httpListen string
 	)
 	cmd := &cobra.Command{
 		Use:   "auditd",
@@ -82,15 +85,16 @@ machines.`,
 		Example: `  gantry auditd --server nats://broker-host:4222 --data /var/lib/gantry --audit-retention 90d`,
 		Args:    exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.auditd(cmd.Context(), dataDir, &af)
+			return a.auditd(cmd.Context(), dataDir, httpListen, &af)
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data", defaultDataDir(), "data directory; the audit store is <data>/audit")
+	cmd.Flags().StringVar(&httpListen, "http-listen", "", "host:port of /healthz, /readyz and /metrics (auditd's own metrics); empty: no HTTP")
 	af.register(cmd.Flags())
 	return cmd
 }
 
-func (a *app) auditd(ctx context.Context, dataDir string, af *auditdFlags) error {
+func (a *app) auditd(ctx context.Context, dataDir, httpListen string, af *auditdFlags) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
@@ -100,11 +104,15 @@ func (a *app) auditd(ctx context.Context, dataDir string, af *auditdFlags) error
 		return err
 	}
 	defer nc.Close()
-	svc, err := auditd.New(af.config(auditStoreDir(dataDir), log), nc)
+	p := newProcess(log)
+	svc, err := auditd.New(af.config(auditStoreDir(dataDir), log, p.reg), nc)
 	if err != nil {
 		return err
 	}
-	p := newProcess(log)
+	// HTTP, when asked for: /healthz, /readyz and auditd's /metrics.
+	if err := p.addHTTP(httpListen, nc); err != nil {
+		return err
+	}
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "audit_dir", auditStoreDir(dataDir))
 	p.addSignals(ctx)
 	p.addActor("auditd", svc)
@@ -115,7 +123,7 @@ func (a *app) auditd(ctx context.Context, dataDir string, af *auditdFlags) error
 
 // addAuditd adds the audit store, under dataDir, to a process.
 func (p *process) addAuditd(nc *nats.Conn, dataDir string, af *auditdFlags) error {
-	svc, err := auditd.New(af.config(auditStoreDir(dataDir), p.log), nc)
+	svc, err := auditd.New(af.config(auditStoreDir(dataDir), p.log, p.reg), nc)
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 )
 
 func (a *app) healthdCommand() *cobra.Command {
-	var configPath string
+	var configPath, httpListen string
 	cmd := &cobra.Command{
 		Use:   "healthd --config FILE",
 		Short: "Probe the egress routes of the config file and keep their health in gantry_routes",
@@ -42,13 +42,14 @@ ROUTE_RECOVERED are audit events; 'gantry route probe ID' asks for a probe
 now. Routes stored in gantry_routes but absent from the config are marked
 DISABLED. Run one healthd per set of routes.`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.healthd(cmd.Context(), configPath) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.healthd(cmd.Context(), configPath, httpListen) },
 	}
 	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose routes to probe (see examples/gantry.yaml)")
+	cmd.Flags().StringVar(&httpListen, "http-listen", "", "host:port of /healthz, /readyz and /metrics; empty: no HTTP")
 	return cmd
 }
 
-func (a *app) healthd(ctx context.Context, configPath string) error {
+func (a *app) healthd(ctx context.Context, configPath, httpListen string) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
@@ -77,6 +78,12 @@ func (a *app) healthd(ctx context.Context, configPath string) error {
 
 	// Signals: SIGINT and SIGTERM stop healthd cleanly.
 	p.addSignals(ctx)
+
+	// HTTP, when asked for: /healthz, /readyz and /metrics.
+	if err := p.addHTTP(httpListen, nc); err != nil {
+		nc.Close()
+		return err
+	}
 
 	p.addActor("healthd", hd)
 	return p.run()

@@ -9,12 +9,15 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // check is one readiness condition; nil means ready.
 type check func(ctx context.Context) error
 
-// httpServer serves /healthz and /readyz.
+// httpServer serves /healthz, /readyz and /metrics.
 type httpServer struct {
 	log    *slog.Logger
 	ln     net.Listener
@@ -25,7 +28,7 @@ type httpServer struct {
 
 // newHTTPServer listens on addr at once, so that a busy port fails the start
 // rather than a later moment.
-func newHTTPServer(addr string, log *slog.Logger) (*httpServer, error) {
+func newHTTPServer(addr string, log *slog.Logger, reg *prometheus.Registry) (*httpServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("http listen: %w", err)
@@ -36,6 +39,11 @@ func newHTTPServer(addr string, log *slog.Logger) (*httpServer, error) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", h.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ErrorHandling: promhttp.ContinueOnError,
+		Registry:      reg,
+	}))
 	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return h, nil
 }

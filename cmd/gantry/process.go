@@ -12,14 +12,19 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gantry-dev/gantry/broker"
+	"github.com/gantry-dev/gantry/client"
 )
 
 // process composes the actors of one gantry process: every component's Run
 // and Stop, HTTP, and the signal handler, in one run.Group.
 type process struct {
-	log   *slog.Logger
+	log *slog.Logger
+	// reg is the process's Prometheus registry, served on /metrics: every
+	// component registers its metrics on it.
+	reg   *prometheus.Registry
 	g     run.Group
 	ready []<-chan struct{}
 	attrs []any
@@ -27,20 +32,20 @@ type process struct {
 	conns []*nats.Conn
 }
 
-func newProcess(log *slog.Logger) *process { return &process{log: log} }
+func newProcess(log *slog.Logger) *process { return &process{log: log, reg: newRegistry()} }
 
 // addSignals ends the group on SIGINT or SIGTERM.
 func (p *process) addSignals(ctx context.Context) {
 	p.g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
 }
 
-// addHTTP serves /healthz and /readyz on addr, unless addr is empty. Readiness
-// includes the broker answering JetStream requests.
+// addHTTP serves /healthz, /readyz and /metrics on addr, unless addr is
+// empty. Readiness includes the broker answering JetStream requests.
 func (p *process) addHTTP(addr string, nc *nats.Conn) error {
 	if addr == "" {
 		return nil
 	}
-	h, err := newHTTPServer(addr, p.log.With("component", "http"))
+	h, err := newHTTPServer(addr, p.log.With("component", "http"), p.reg)
 	if err != nil {
 		return withCode(exitFailure, err)
 	}
@@ -58,6 +63,19 @@ func (p *process) addHTTP(addr string, nc *nats.Conn) error {
 	p.g.Add(h.Run, func(error) { h.Stop() })
 	p.attrs = append(p.attrs, "http", h.Addr())
 	return nil
+}
+
+// addSystemMetrics adds the system collector (client.Stats as metrics) to
+// the process's registry, when it serves HTTP.
+func (p *process) addSystemMetrics(nc *nats.Conn) error {
+	if p.http == nil {
+		return nil
+	}
+	c, err := client.New(nc, client.WithComponent("http"), client.WithLogger(p.log.With("component", "http")))
+	if err != nil {
+		return err
+	}
+	return p.reg.Register(newSystemCollector(c.Stats))
 }
 
 // connect opens an in-process connection for one component, closed when the

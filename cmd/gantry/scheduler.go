@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/gantry-dev/gantry/broker/wire"
@@ -68,9 +69,11 @@ func (f *schedulerFlags) config(cfg *config.File, log *slog.Logger) (scheduler.C
 	}, nil
 }
 
-// newScheduler builds the scheduler; 'gantry run' and 'gantry scheduler'
-// share it. A bad job in the config file is invalid input (exit 2).
-func newScheduler(cfg scheduler.Config, js jetstream.JetStream) (*scheduler.Scheduler, error) {
+// newScheduler builds the scheduler, its metrics on reg; 'gantry run' and
+// 'gantry scheduler' share it. A bad job in the config file is invalid
+// input (exit 2).
+func newScheduler(cfg scheduler.Config, js jetstream.JetStream, reg prometheus.Registerer) (*scheduler.Scheduler, error) {
+	cfg.Metrics = reg
 	s, err := scheduler.New(cfg, js)
 	if errors.Is(err, jobs.ErrInvalid) {
 		return nil, fmt.Errorf("%w: %w", config.ErrInvalid, err)
@@ -81,6 +84,7 @@ func newScheduler(cfg scheduler.Config, js jetstream.JetStream) (*scheduler.Sche
 func (a *app) schedulerCommand() *cobra.Command {
 	var (
 		configPath string
+		httpListen string
 		sf         schedulerFlags
 	)
 	cmd := &cobra.Command{
@@ -101,14 +105,17 @@ gantry_scheduler bucket (--leader-ttl); the others take over when it stops
 Nats-Msg-Id "<job>-<planned unix seconds>", so a fire is never doubled by a
 failover. See docs/scheduler.md for the policies.`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.scheduler(cmd.Context(), configPath, &sf) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.scheduler(cmd.Context(), configPath, httpListen, &sf)
+		},
 	}
 	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose jobs to apply at start (see examples/gantry.yaml)")
+	cmd.Flags().StringVar(&httpListen, "http-listen", "", "host:port of /healthz, /readyz and /metrics (the scheduler's own metrics); empty: no HTTP")
 	sf.register(cmd)
 	return cmd
 }
 
-func (a *app) scheduler(ctx context.Context, configPath string, sf *schedulerFlags) error {
+func (a *app) scheduler(ctx context.Context, configPath, httpListen string, sf *schedulerFlags) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
@@ -136,9 +143,16 @@ func (a *app) scheduler(ctx context.Context, configPath string, sf *schedulerFla
 	// resigns so another takes over at once.
 	p.addSignals(ctx)
 
+	// HTTP, when asked for: /healthz, /readyz and the scheduler's /metrics.
+	if err := p.addHTTP(httpListen, nc); err != nil {
+		nc.Close()
+		return err
+	}
+
 	// Scheduler: fires the jobs of gantry_jobs while it leads.
-	s, err := newScheduler(scfg, js)
+	s, err := newScheduler(scfg, js, p.reg)
 	if err != nil {
+		p.abort()
 		return err
 	}
 	p.addActor("scheduler", s)
@@ -157,7 +171,7 @@ func (p *process) addScheduler(cfg *config.File, log *slog.Logger, js jetstream.
 	if err != nil {
 		return err
 	}
-	s, err := newScheduler(scfg, js)
+	s, err := newScheduler(scfg, js, p.reg)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,15 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// gantryVersion is this binary's module version ("(devel)" for a build in
+// a checkout), as workers report it in gantry_workers.
+func gantryVersion() string {
+	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" {
+		return info.Main.Version
+	}
+	return "dev"
+}
+
 func (a *app) versionCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",

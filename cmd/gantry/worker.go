@@ -53,6 +53,11 @@ type workerFlags struct {
 	// dataDir is the data directory: 'gantry run' sets it from its --data,
 	// 'gantry worker' has a --data of its own.
 	dataDir string
+	// presence is how often the workers write their presence entry.
+	presence time.Duration
+	// httpListen is 'gantry worker's --http-listen ('gantry run' has its
+	// own).
+	httpListen string
 }
 
 func (f *workerFlags) register(cmd *cobra.Command) {
@@ -77,6 +82,7 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.killGrace, "kill-grace", 2*time.Second, "time between SIGTERM and SIGKILL of an exec task's process tree on timeout or cancel")
 	fl.StringVar(&f.containment, "exec-containment", string(proctree.Auto), "how an exec task's process tree is held together (Linux): auto (a cgroup v2 where delegated, else a subreaper), cgroup, subreaper or group")
 	f.retention = retentionValue(tasks.DefaultRetention)
+	fl.DurationVar(&f.presence, "presence-interval", 5*time.Second, "how often this worker writes its entry in gantry_workers ('gantry worker ls'); it lapses after 3 intervals")
 	fl.Var(&f.retention, "task-retention", "how long the record of a task that ended SUCCEEDED or CANCELLED is kept, in whole seconds (e.g. 30d, 36h); 0 keeps every record")
 }
 
@@ -152,15 +158,16 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 		Queues: queues,
 		Policy: workers.Policy{MaxAttempts: f.maxAttempts, BackoffBase: f.backoffBase, BackoffMax: f.backoffMax,
 			Delay: f.delay, NoHandlerDelay: f.noHandler, Timeout: f.timeout},
-		MaxPayload:      f.maxPayload,
-		HeartbeatWindow: f.hbWindow,
-		MaxDelays:       f.maxDelays,
-		KillGrace:       f.killGrace,
-		CheckpointDir:   filepath.Join(f.dataDir, "checkpoints"),
-		ProcessTrees:    proctree.Config{Containment: containment, Shim: shimPath()},
-		TaskRetention:   tc.Retention,
-		Databases:       f.databases,
-		Logger:          log.With("component", "workers"),
+		MaxPayload:       f.maxPayload,
+		HeartbeatWindow:  f.hbWindow,
+		MaxDelays:        f.maxDelays,
+		KillGrace:        f.killGrace,
+		CheckpointDir:    filepath.Join(f.dataDir, "checkpoints"),
+		ProcessTrees:     proctree.Config{Containment: containment, Shim: shimPath()},
+		TaskRetention:    tc.Retention,
+		Databases:        f.databases,
+		Logger:           log.With("component", "workers"),
+		PresenceInterval: f.presence,
 	}, nil
 }
 
@@ -263,6 +270,8 @@ func (p *process) addWorkers(ctx context.Context, f *workerFlags, log *slog.Logg
 		return err
 	}
 	cfg.Routes = picker
+	cfg.Metrics = p.reg
+	cfg.Version = gantryVersion()
 	w, err := workers.New(cfg, nc)
 	if err != nil {
 		picker.Close()
@@ -311,6 +320,7 @@ when it starts.`,
 	f.register(cmd)
 	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose databases (for sql tasks) and workers section this worker uses")
 	cmd.Flags().StringVar(&f.dataDir, "data", defaultDataDir(), "data directory; exec tasks' checkpoint files are under <data>/checkpoints")
+	cmd.Flags().StringVar(&f.httpListen, "http-listen", "", "host:port of /healthz, /readyz and /metrics (the workers' own metrics); empty: no HTTP")
 	return cmd
 }
 
@@ -336,6 +346,12 @@ func (a *app) worker(ctx context.Context, f *workerFlags, configPath string, cha
 	p := newProcess(log)
 	p.conns = append(p.conns, nc)
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "queues", strings.Join(f.queues, ","))
+
+	// HTTP, when asked for: /healthz, /readyz and the workers' /metrics.
+	if err := p.addHTTP(f.httpListen, nc); err != nil {
+		nc.Close()
+		return err
+	}
 
 	// Signals: SIGINT and SIGTERM stop taking tasks; running ones get 5 s
 	// to finish, then are interrupted and handed back to the broker.
