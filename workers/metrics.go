@@ -100,7 +100,7 @@ type typeRecovery struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "gantry", Name: "task_wait_seconds",
-			Help: "Time a task waited before an attempt started: since it was published, or since its retry was due.",
+			Help:    "Time a task waited before an attempt started: since it was published, or since its retry was due.",
 			Buckets: durationBuckets}, []string{"queue", "type"}),
 		run: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "gantry", Name: "task_run_seconds",
 			Help: "Run time of a task's attempts.", Buckets: durationBuckets}, []string{"queue", "type"}),
