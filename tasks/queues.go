@@ -127,14 +127,29 @@ func PauseConsumers(ctx context.Context, js jetstream.JetStream, queue string, p
 		return nil, fmt.Errorf("list consumers: %w", err)
 	}
 	for _, name := range names {
-		if paused {
-			_, err = js.PauseConsumer(ctx, wire.StreamTasks, name, PausedUntil)
-		} else {
-			_, err = js.ResumeConsumer(ctx, wire.StreamTasks, name)
+		until := PausedUntil
+		if !paused {
+			// The broker (2.15) does not wake a consumer resumed through
+			// its API: its waiting pull requests are served only when
+			// the next message or pull comes. A pause that ends in a
+			// moment, by the broker's clock, does wake it when it ends.
+			cons, err := stream.Consumer(ctx, name)
+			if errors.Is(err, jetstream.ErrConsumerNotFound) {
+				continue
+			}
+			if err != nil {
+				return names, fmt.Errorf("resume consumer %s: %w", name, err)
+			}
+			until = cons.CachedInfo().TimeStamp.Add(resumeKick)
 		}
-		if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if _, err := js.PauseConsumer(ctx, wire.StreamTasks, name, until); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return names, fmt.Errorf("pause consumer %s: %w", name, err)
 		}
 	}
 	return names, nil
 }
+
+// resumeKick is how long after a resume, by the broker's clock, a resumed
+// consumer's last pause ends and wakes it: long enough for the request to
+// land first.
+const resumeKick = 500 * time.Millisecond

@@ -72,6 +72,10 @@ func (w *Workers) followPauses(ctx context.Context) {
 				continue
 			}
 			paused := e.Operation() == jetstream.KeyValuePut && tasks.DecodeQueueState(queue, e.Value()).Paused
+			if !paused && !known[queue] {
+				// Not paused and not known to be: nothing to undo.
+				continue
+			}
 			if _, err := tasks.PauseConsumers(ctx, w.js, queue, paused); err != nil && ctx.Err() == nil {
 				w.log.Warn("apply queue pause", "queue", queue, "paused", paused, "err", err)
 				continue

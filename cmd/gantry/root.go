@@ -74,6 +74,8 @@ Start everything in one process with 'gantry run'.`,
 		a.workerCommand(),
 		a.backupCommand(),
 		a.restoreCommand(),
+		a.statsCommand(),
+		a.queueCommand(),
 	)
 	return root
 }

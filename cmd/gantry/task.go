@@ -21,7 +21,8 @@ machine. States: WAITING, RUNNING, RETRY_WAIT, SUCCEEDED, NEEDS_REVIEW,
 CANCELLED. Attempts are the runs of the task (the broker's delivery count,
 less the deliveries that only delayed it). See docs/tasks.md.`,
 	}
-	cmd.AddCommand(a.taskGetCommand(), a.taskLsCommand(), a.taskRetryCommand(), a.taskCancelCommand(), a.taskLogsCommand())
+	cmd.AddCommand(a.taskGetCommand(), a.taskLsCommand(), a.taskRetryCommand(), a.taskCancelCommand(), a.taskLogsCommand(),
+		a.taskPurgeCommand())
 	return cmd
 }
 
@@ -98,15 +99,37 @@ func (a *app) taskLsCommand() *cobra.Command {
 }
 
 func (a *app) taskRetryCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "retry ID",
-		Short: "Run a NEEDS_REVIEW task again, with a fresh set of attempts",
+	var (
+		all  bool
+		bulk bulkFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "retry ID | retry --all [--queue Q] [--type T] [--older-than D] [--dry-run]",
+		Short: "Run a NEEDS_REVIEW task again, or all of them, with a fresh set of attempts",
 		Long: `Retry publishes a NEEDS_REVIEW task's message again (kept in its record when
 it left the stream) and sets it WAITING with its attempts reset. A task in
-another state exits 2; an unknown one exits 4.`,
-		Args: exactArgs(1, "ID"),
+another state exits 2; an unknown one exits 4.
+
+With --all it retries every NEEDS_REVIEW task the filters select, each
+audited as RETRY_SCHEDULED; --dry-run counts and lists them only.`,
+		Example: `  gantry task retry --all --type exec --dry-run`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if all {
+				return exactArgs(0, "no ID with --all")(cmd, args)
+			}
+			return exactArgs(1, "ID (or --all)")(cmd, args)
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			if all {
+				return a.withClient(ctx, "gantry-task", func(c *client.Client) error {
+					res, err := c.RetryTasks(ctx, bulk.filter())
+					if err != nil {
+						return err
+					}
+					return a.printBulk("retried", res)
+				})
+			}
 			return a.withClient(ctx, "gantry-task", func(c *client.Client) error {
 				rec, err := c.RetryTask(ctx, args[0])
 				if err != nil {
@@ -120,6 +143,9 @@ another state exits 2; an unknown one exits 4.`,
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&all, "all", false, "retry every NEEDS_REVIEW task the filters select")
+	bulk.register(cmd, false)
+	return cmd
 }
 
 func (a *app) taskCancelCommand() *cobra.Command {

@@ -318,6 +318,7 @@ when it starts.`,
 		},
 	}
 	f.register(cmd)
+	cmd.AddCommand(a.workerLsCommand())
 	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose databases (for sql tasks) and workers section this worker uses")
 	cmd.Flags().StringVar(&f.dataDir, "data", defaultDataDir(), "data directory; exec tasks' checkpoint files are under <data>/checkpoints")
 	cmd.Flags().StringVar(&f.httpListen, "http-listen", "", "host:port of /healthz, /readyz and /metrics (the workers' own metrics); empty: no HTTP")
