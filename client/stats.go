@@ -164,7 +164,7 @@ func (c *Client) Stats(ctx context.Context) (Stats, error) {
 	} else if !errors.Is(err, jobs.ErrNoLeader) {
 		problem("scheduler", err)
 	}
-	st.Audit = c.auditIngest(ctx, now, problem)
+	st.Audit = c.auditIngest(ctx, problem)
 	if err := ctx.Err(); err != nil {
 		return st, fmt.Errorf("stats: %w", err)
 	}
@@ -434,36 +434,58 @@ func cooldownEnd(ev Event) bool {
 		strings.HasPrefix(p.Owner, lease.CooldownOwner(""))
 }
 
-// auditIngest reads how auditd keeps up: its durable consumer on the audit
-// stream, and its own count.
-func (c *Client) auditIngest(ctx context.Context, now time.Time, problem func(string, error)) AuditIngestStats {
-	var out AuditIngestStats
+// auditIngest reads how auditd keeps up: its own count, and its lag.
+func (c *Client) auditIngest(ctx context.Context, problem func(string, error)) AuditIngestStats {
+	lag, err := c.AuditLag(ctx)
+	if err != nil {
+		problem("audit lag", err)
+	}
 	if st, err := c.AuditStats(ctx); err == nil {
-		out.Stored = &st.Stored
+		lag.Stored = &st.Stored
 	} else {
 		problem("auditd", err)
 	}
+	return lag
+}
+
+// AuditLag reads how far auditd lags behind the audit stream, from its
+// durable consumer on the broker (so it answers while auditd is down):
+// the events it has not stored and the age of the oldest. Stored is left
+// nil.
+func (c *Client) AuditLag(ctx context.Context) (AuditIngestStats, error) {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	var out AuditIngestStats
 	cons, err := c.js.Consumer(ctx, wire.StreamAudit, wire.AuditConsumer)
 	if err != nil {
-		problem("audit consumer", err)
-		return out
+		return out, fmt.Errorf("audit consumer: %w", err)
 	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		problem("audit consumer", err)
-		return out
-	}
+	info := cons.CachedInfo()
 	out.Pending = info.NumPending + uint64(info.NumAckPending)
 	if out.Pending == 0 {
-		return out
+		return out, nil
 	}
 	stream, err := c.js.Stream(ctx, wire.StreamAudit)
 	if err != nil {
-		problem("audit lag", err)
-		return out
+		return out, fmt.Errorf("open stream %s: %w", wire.StreamAudit, err)
 	}
 	if m, err := stream.GetMsg(ctx, info.AckFloor.Stream+1); err == nil {
-		out.LagSeconds = math.Round(max(now.Sub(m.Time).Seconds(), 0)*1000) / 1000
+		out.LagSeconds = math.Round(max(info.TimeStamp.Sub(m.Time).Seconds(), 0)*1000) / 1000
 	}
-	return out
+	return out, nil
+}
+
+// SchedulerLeading reports whether a scheduler holds the leader lease.
+func (c *Client) SchedulerLeading(ctx context.Context) (bool, error) {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	sched, err := c.schedulerStore(ctx)
+	if err != nil {
+		return false, err
+	}
+	_, _, err = sched.Leader(ctx)
+	if errors.Is(err, jobs.ErrNoLeader) {
+		return false, nil
+	}
+	return err == nil, err
 }

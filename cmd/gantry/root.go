@@ -76,6 +76,7 @@ Start everything in one process with 'gantry run'.`,
 		a.restoreCommand(),
 		a.statsCommand(),
 		a.queueCommand(),
+		a.alertdCommand(),
 	)
 	return root
 }

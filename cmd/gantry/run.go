@@ -97,6 +97,14 @@ func (a *app) run(ctx context.Context, sf *serverFlags, wf *workerFlags, changed
 		if err := p.addWorkers(ctx, wf, log, workNC, workJS); err != nil {
 			return err
 		}
-		return nil
+
+		// alertd: checks the config's alert rules and sends what they
+		// raise to its webhooks and email sinks (see 'gantry alertd
+		// --help').
+		alertNC, _, err := p.connect(b, "alertd")
+		if err != nil {
+			return err
+		}
+		return p.addAlertd(cfg, log, alertNC)
 	})
 }

@@ -39,6 +39,8 @@ type File struct {
 	Jobs []Job `yaml:"jobs"`
 	// Workers configures the workers of 'gantry run'.
 	Workers Workers `yaml:"workers"`
+	// Alerts configures alertd: its rules and sinks.
+	Alerts Alerts `yaml:"alerts"`
 }
 
 // Workers configures the workers 'gantry run' starts; 'gantry worker' takes
@@ -241,6 +243,7 @@ func Load(path string) (*File, error) {
 			f.Databases[i].DSNFile = filepath.Join(filepath.Dir(path), d.DSNFile)
 		}
 	}
+	f.Alerts.relativeTo(filepath.Dir(path))
 	return f, nil
 }
 
@@ -262,6 +265,9 @@ func Parse(data []byte) (*File, error) {
 }
 
 func (f *File) validate() error {
+	if err := f.Alerts.validate(); err != nil {
+		return err
+	}
 	for i, u := range f.Auth.Users {
 		if u.User == "" || u.Password == "" {
 			return fmt.Errorf("auth.users[%d]: needs user and password", i)
