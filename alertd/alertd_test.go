@@ -300,7 +300,7 @@ func TestNeedsReviewAndLongRunningOneMailAndOneCallPerWindow(t *testing.T) {
 	}
 	started := time.Now().Add(-5 * time.Second).UTC()
 	if err := presence.Put(context.Background(), wire.WorkerInfo{Name: "w1", Host: "plant-pc", PID: 1, Queues: []string{"default"}, Running: 1,
-		Tasks: []wire.RunningTask{{ID: "task-slow", Queue: "default", Type: "exec", Attempt: 1, StartedAt: started}},
+		Tasks:     []wire.RunningTask{{ID: "task-slow", Queue: "default", Type: "exec", Attempt: 1, StartedAt: started}},
 		Heartbeat: time.Now().UTC()}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
