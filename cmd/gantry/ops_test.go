@@ -1,0 +1,363 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/gantry-dev/gantry/client"
+	poll "github.com/gantry-dev/gantry/internal/check"
+	"github.com/gantry-dev/gantry/internal/proxytest"
+)
+
+// scrape reads addr's /metrics, returning the text and its families.
+func scrape(t *testing.T, addr string) (string, map[string]*dto.MetricFamily) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics = %d, %v", resp.StatusCode, err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	return string(body), families
+}
+
+// value returns the value of the series of name whose labels include
+// labels (a histogram's sample count), and whether there is one.
+func value(families map[string]*dto.MetricFamily, name string, labels ...string) (float64, bool) {
+	f := families[name]
+	if f == nil {
+		return 0, false
+	}
+next:
+	for _, m := range f.GetMetric() {
+		have := map[string]string{}
+		for _, l := range m.GetLabel() {
+			have[l.GetName()] = l.GetValue()
+		}
+		for i := 0; i+1 < len(labels); i += 2 {
+			if have[labels[i]] != labels[i+1] {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), true
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount()), true
+		}
+	}
+	return 0, false
+}
+
+// submitWait submits a task and waits for its end, returning its state.
+func submitWait(t *testing.T, url string, args ...string) string {
+	t.Helper()
+	code, stdout, stderr := runInProcess(t, append(append([]string{"submit"}, args...), "--wait", "--json", "--server", url)...)
+	var rec struct {
+		State string `json:"state"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rec); err != nil {
+		t.Fatalf("submit %v = exit %d, stdout %q, stderr %q", args, code, stdout, stderr)
+	}
+	return rec.State
+}
+
+// promtool finds promtool, failing under CI when it is missing and
+// skipping loudly otherwise.
+func promtool(t *testing.T) string {
+	t.Helper()
+	path, err := exec.LookPath("promtool")
+	if err == nil {
+		return path
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("promtool is missing: install Debian's prometheus package (.ci/run does)")
+	}
+	t.Skip("SKIPPED: promtool is not installed (apt-get install prometheus); CI runs this check")
+	return ""
+}
+
+func TestMetricsAfterRealTraffic(t *testing.T) {
+	t.Parallel()
+	site := okSite(t)
+	proxy := proxytest.Start(t, proxytest.HTTPConnect)
+	var hookCalls atomic.Int64
+	failingHook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hookCalls.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(failingHook.Close)
+	dir := t.TempDir()
+	cfg := writeConfig(t, fmt.Sprintf(`routes:
+  - {id: good, proxy: %q, probe_url: %q, interval: 1h}
+  - {id: bad, proxy: "socks5://%s", probe_url: %q, interval: 1h}
+resources:
+  - {id: cam1}
+jobs:
+  - {name: tick, type: noop, queue: jobs, every: 1s}
+alerts:
+  check_interval: 100ms
+  rules:
+    - {name: review, kind: needs_review, window: 1h}
+  webhooks:
+    - {name: down, url: %q, retry_base: 50ms, max_attempts: 3}
+`, proxy.URL(), site.URL, proxytest.ClosedAddr(t), site.URL, failingHook.URL))
+	_, ready := startGantry(t, "run", "--config", cfg, "--data", dir, "--nats-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+		"--backoff-base", "100ms", "--backoff-max", "200ms")
+	url := ready.NATS
+
+	// A task that goes to NEEDS_REVIEW (and whose alert's webhook fails),
+	// then successes, a retry that succeeds, and a task under a lease.
+	if got := submitWait(t, url, "exec", "--payload", `{"cmd":["sh","-c","exit 3"],"fail_exit_codes":[3]}`); got != "NEEDS_REVIEW" {
+		t.Fatalf("exec exit 3 ended %s, want NEEDS_REVIEW", got)
+	}
+	for range 3 {
+		if got := submitWait(t, url, "noop"); got != "SUCCEEDED" {
+			t.Fatalf("noop ended %s, want SUCCEEDED", got)
+		}
+	}
+	marker := filepath.Join(dir, "marker")
+	flaky := fmt.Sprintf(`{"cmd":["sh","-c","test -f %s || { touch %s; exit 1; }"]}`, marker, marker)
+	if got := submitWait(t, url, "exec", "--payload", flaky); got != "SUCCEEDED" {
+		t.Fatalf("flaky exec ended %s, want SUCCEEDED after a retry", got)
+	}
+	if got := submitWait(t, url, "exec", "--resource", "cam1", "--payload", `{"cmd":["true"]}`); got != "SUCCEEDED" {
+		t.Fatalf("exec on cam1 ended %s, want SUCCEEDED", got)
+	}
+	// The bad route's probes fail until it cools down.
+	poll.For(t, 20*time.Second, 10*time.Millisecond, func() error {
+		for _, r := range routeLs(t, url) {
+			if r["id"] == "bad" && r["state"] == "COOLDOWN" {
+				return nil
+			}
+		}
+		runInProcess(t, "route", "probe", "bad", "--server", url)
+		return fmt.Errorf("route bad is not in COOLDOWN yet")
+	})
+	// The failing webhook is being retried, and tasks ran all the same.
+	poll.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := hookCalls.Load(); n < 2 {
+			return fmt.Errorf("webhook calls = %d, want retries", n)
+		}
+		return nil
+	})
+
+	var text string
+	poll.For(t, 30*time.Second, 200*time.Millisecond, func() error {
+		var fams map[string]*dto.MetricFamily
+		text, fams = scrape(t, ready.HTTP)
+		for _, c := range []struct {
+			name   string
+			labels []string
+			ok     func(float64) bool
+			want   string
+		}{
+			{"gantry_tasks_finished_total", []string{"type", "noop", "state", "SUCCEEDED", "queue", "default"}, eq(3), "3"},
+			{"gantry_tasks_finished_total", []string{"type", "exec", "state", "SUCCEEDED"}, eq(2), "2"},
+			{"gantry_tasks_finished_total", []string{"type", "exec", "state", "NEEDS_REVIEW"}, eq(1), "1"},
+			{"gantry_task_retries_total", []string{"type", "exec", "class", "retry"}, eq(1), "1"},
+			{"gantry_task_errors_total", []string{"type", "exec", "kind", "failed"}, eq(1), "1"},
+			{"gantry_task_errors_total", []string{"type", "exec", "kind", "permanent"}, eq(1), "1"},
+			{"gantry_task_wait_seconds", []string{"type", "noop", "queue", "default"}, eq(3), "3 observations"},
+			{"gantry_task_run_seconds", []string{"type", "exec"}, eq(4), "4 observations"},
+			{"gantry_task_recovery_seconds", []string{"type", "exec"}, eq(1), "1 observation"},
+			{"gantry_tasks", []string{"queue", "default", "state", "NEEDS_REVIEW"}, eq(1), "1"},
+			{"gantry_tasks_needs_review", []string{"queue", "default", "type", "exec"}, eq(1), "1"},
+			{"gantry_tasks", []string{"queue", "jobs", "state", "WAITING"}, atLeast(1), "at least 1 (the job's tasks, no worker)"},
+			{"gantry_consumer_pending", []string{"queue", "default"}, eq(0), "0"},
+			{"gantry_leases_held", nil, eq(0), "0"},
+			{"gantry_resource_state", []string{"resource", "cam1", "state", "AVAILABLE"}, eq(1), "1"},
+			{"gantry_resource_utilisation_ratio", []string{"resource", "cam1"}, atLeast(0), "a ratio"},
+			{"gantry_route_state", []string{"route", "bad", "state", "COOLDOWN"}, eq(1), "1"},
+			{"gantry_route_state", []string{"route", "good", "state", "AVAILABLE"}, eq(1), "1"},
+			{"gantry_route_score", []string{"route", "good"}, atLeast(50), "at least 50"},
+			{"gantry_cooldowns", []string{"kind", "route"}, eq(1), "1"},
+			{"gantry_workers", nil, eq(1), "1"},
+			{"gantry_scheduler_leader", nil, eq(1), "1"},
+			{"gantry_scheduler_fires_total", []string{"job", "tick"}, atLeast(1), "at least 1"},
+			{"gantry_scheduler_fire_lag_seconds", nil, atLeast(1), "observations"},
+			{"gantry_auditd_events_stored_total", nil, atLeast(10), "at least 10"},
+			{"gantry_auditd_pending_events", nil, atLeast(0), "a gauge"},
+			{"gantry_auditd_lag_seconds", nil, atLeast(0), "a gauge"},
+			{"gantry_alertd_deliveries_total", []string{"sink", "down", "outcome", "retried"}, atLeast(1), "at least 1"},
+			{"gantry_stats_problems", nil, eq(0), "0"},
+			{"go_goroutines", nil, atLeast(1), "the Go collector"},
+			{"process_cpu_seconds_total", nil, atLeast(0), "the process collector"},
+		} {
+			got, ok := value(fams, c.name, c.labels...)
+			if !ok || !c.ok(got) {
+				return fmt.Errorf("%s%v = %v (present %v), want %s", c.name, c.labels, got, ok, c.want)
+			}
+		}
+		return nil
+	})
+
+	t.Run("promtool", func(t *testing.T) {
+		tool := promtool(t)
+		cmd := exec.Command(tool, "check", "metrics")
+		cmd.Stdin = strings.NewReader(text)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("promtool check metrics: %v\n%s", err, out)
+		}
+	})
+}
+
+func eq(want float64) func(float64) bool      { return func(v float64) bool { return v == want } }
+func atLeast(want float64) func(float64) bool { return func(v float64) bool { return v >= want } }
+
+// workerLs runs 'gantry worker ls --json'.
+func workerLs(t *testing.T, url string) []client.WorkerInfo {
+	t.Helper()
+	code, stdout, stderr := runInProcess(t, "worker", "ls", "--json", "--server", url)
+	var out []client.WorkerInfo
+	if err := json.Unmarshal([]byte(stdout), &out); err != nil || code != exitOK {
+		t.Fatalf("worker ls --json = exit %d, %q, stderr %q", code, stdout, stderr)
+	}
+	return out
+}
+
+// queueLs runs 'gantry queue ls --json' and returns queue's line.
+func queueLs(t *testing.T, url, queue string) client.QueueStats {
+	t.Helper()
+	code, stdout, stderr := runInProcess(t, "queue", "ls", "--json", "--server", url)
+	var out []client.QueueStats
+	if err := json.Unmarshal([]byte(stdout), &out); err != nil || code != exitOK {
+		t.Fatalf("queue ls --json = exit %d, %q, stderr %q", code, stdout, stderr)
+	}
+	for _, q := range out {
+		if q.Queue == queue {
+			return q
+		}
+	}
+	return client.QueueStats{Queue: queue}
+}
+
+func TestSplitWorkersPresenceAndQueuePause(t *testing.T) {
+	t.Parallel()
+	_, b := startGantry(t, "broker", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
+	url := b.NATS
+	worker := func(name string) *exec.Cmd {
+		cmd, _ := startGantry(t, "worker", "--server", url, "--worker-name", name, "--presence-interval", "1s",
+			"--concurrency", "1", "--data", t.TempDir())
+		return cmd
+	}
+	w1, w2 := worker("w1"), worker("w2")
+
+	// Two live workers; a killed one lapses within its TTL (3 s).
+	poll.For(t, 10*time.Second, 100*time.Millisecond, func() error {
+		list := workerLs(t, url)
+		if len(list) != 2 || list[0].Name != "w1" || list[1].Name != "w2" {
+			return fmt.Errorf("worker ls = %+v, want w1 and w2", list)
+		}
+		for _, w := range list {
+			if w.Host == "" || w.PID == 0 || len(w.Queues) != 1 || w.Queues[0] != "default" || w.Version == "" || w.TTL != "3s" {
+				return fmt.Errorf("worker %+v: want host, pid, queue default, a version and TTL 3s", w)
+			}
+		}
+		return nil
+	})
+	code, stdout, _ := runInProcess(t, "worker", "ls", "--server", url)
+	if code != exitOK || !strings.Contains(stdout, "w1") || !strings.Contains(stdout, "HEARTBEAT") {
+		t.Errorf("worker ls = exit %d, %q; want a table with w1", code, stdout)
+	}
+	if err := w2.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = w2.Wait()
+	killed := time.Now()
+	poll.For(t, 10*time.Second, 100*time.Millisecond, func() error {
+		if list := workerLs(t, url); len(list) != 1 || list[0].Name != "w1" {
+			return fmt.Errorf("worker ls = %+v, want w1 alone", list)
+		}
+		return nil
+	})
+	if gone := time.Since(killed); gone > 5*time.Second {
+		t.Errorf("killed worker listed for %v, want within its 3s TTL (and a poll)", gone)
+	}
+
+	// A paused queue holds its tasks, across a worker's restart.
+	if code, _, stderr := runInProcess(t, "queue", "pause", "default", "--reason", "maintenance", "--server", url); code != exitOK {
+		t.Fatalf("queue pause = exit %d, %s", code, stderr)
+	}
+	out := filepath.Join(t.TempDir(), "order")
+	var ids []string
+	for i := range 5 {
+		code, stdout, stderr := runInProcess(t, "submit", "exec", "--server", url,
+			"--payload", fmt.Sprintf(`{"cmd":["sh","-c","echo %d >> %s"]}`, i, out))
+		if code != exitOK {
+			t.Fatalf("submit = exit %d, %s", code, stderr)
+		}
+		ids = append(ids, strings.TrimSpace(stdout))
+	}
+	if err := w1.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = w1.Wait()
+	worker("w3")
+	poll.For(t, 10*time.Second, 100*time.Millisecond, func() error {
+		if list := workerLs(t, url); len(list) != 1 || list[0].Name != "w3" {
+			return fmt.Errorf("worker ls = %+v, want w3 alone", list)
+		}
+		q := queueLs(t, url, "default")
+		if !q.Paused || q.PauseReason != "maintenance" || q.Waiting != 5 || q.Running != 0 || len(q.Consumers) != 1 || !q.Consumers[0].Paused {
+			return fmt.Errorf("queue default = %+v, want paused (maintenance), 5 waiting, a paused consumer", q)
+		}
+		return nil
+	})
+	// w3 has written its presence twice since it started: it consumes,
+	// and runs nothing.
+	first := workerLs(t, url)[0].Heartbeat
+	poll.For(t, 10*time.Second, 100*time.Millisecond, func() error {
+		if w := workerLs(t, url)[0]; !w.Heartbeat.After(first) {
+			return fmt.Errorf("w3 heartbeat %v, want one after %v", w.Heartbeat, first)
+		}
+		return nil
+	})
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Fatalf("a task of the paused queue ran: %v", err)
+	}
+
+	if code, _, stderr := runInProcess(t, "queue", "resume", "default", "--server", url); code != exitOK {
+		t.Fatalf("queue resume = exit %d, %s", code, stderr)
+	}
+	poll.For(t, 15*time.Second, 100*time.Millisecond, func() error {
+		data, _ := os.ReadFile(out)
+		if got := strings.Fields(string(data)); strings.Join(got, " ") != "0 1 2 3 4" {
+			return fmt.Errorf("tasks ran %v, want 0 1 2 3 4", got)
+		}
+		return nil
+	})
+	for _, id := range ids {
+		code, stdout, _ := runInProcess(t, "task", "get", id, "--json", "--server", url)
+		if code != exitOK || !strings.Contains(stdout, `"SUCCEEDED"`) {
+			t.Errorf("task %s = exit %d, %s; want SUCCEEDED", id, code, stdout)
+		}
+	}
+}
