@@ -68,7 +68,6 @@ type Config struct {
 type Alertd struct {
 	lifecycle.Base
 	cfg    Config
-	nc     *nats.Conn
 	js     jetstream.JetStream
 	log    *slog.Logger
 	clock  clock.Clock
@@ -108,7 +107,7 @@ func New(cfg Config, nc *nats.Conn) (*Alertd, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Alertd{cfg: cfg, nc: nc, js: js, log: cfg.Logger, clock: cfg.Clock, client: c,
+	a := &Alertd{cfg: cfg, js: js, log: cfg.Logger, clock: cfg.Clock, client: c,
 		em: audit.NewEmitter(js, "alertd", cfg.Clock), m: m, sinks: map[string]sink{},
 		limiters: map[limitKey]*limiter{}, episodes: map[limitKey]time.Time{}, seen: map[limitKey]bool{}}
 	for _, w := range cfg.Alerts.Webhooks {

@@ -166,8 +166,8 @@ func (m *metrics) pair(queue, typ string) *pairMetrics {
 	return p
 }
 
-// failed records a failed attempt at t (unix ns) for the type's time to
-// recover, unless an earlier failure is still unrecovered.
+// failed counts a failed attempt of kind and, unless the type has an
+// unrecovered failure already, starts its time to recover at now.
 func (p *pairMetrics) failed(kind int, now time.Time) {
 	p.errs[kind].Inc()
 	if kind == kindInterrupted || kind == kindDelayed || kind == kindNoHandler {
@@ -178,7 +178,8 @@ func (p *pairMetrics) failed(kind int, now time.Time) {
 	p.recovery.failedAt.CompareAndSwap(0, now.UnixNano())
 }
 
-// succeeded records a success at now: it ends the type's failure, if any.
+// success counts a success at now: it ends the type's failure, if any,
+// observing its time to recover.
 func (p *pairMetrics) success(now time.Time) {
 	p.succeeded.Inc()
 	if at := p.recovery.failedAt.Swap(0); at != 0 {
