@@ -2,6 +2,7 @@ package workers
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"os"
 	"slices"
@@ -20,17 +21,26 @@ import (
 const presenceWindow = time.Hour
 
 // openOps opens the queues and workers buckets and reads which configured
-// queues are paused, before any consumer is created.
+// queues are paused, before any consumer is created. A broker of an
+// earlier release has neither bucket: the workers then run without queue
+// pauses and presence, and say so.
 func (w *Workers) openOps(ctx context.Context) error {
-	var err error
-	if w.queues, err = tasks.NewQueues(ctx, w.js); err != nil {
-		return err
-	}
-	if w.presence, err = tasks.NewPresence(ctx, w.js); err != nil {
-		return err
-	}
 	w.started = time.Now()
 	w.paused = map[string]bool{}
+	var err error
+	if w.presence, err = tasks.NewPresence(ctx, w.js); errors.Is(err, jetstream.ErrBucketNotFound) {
+		w.log.Warn("no gantry_workers bucket (a broker of an earlier release): this worker is not listed by 'gantry worker ls'")
+		w.presence = nil
+	} else if err != nil {
+		return err
+	}
+	if w.queues, err = tasks.NewQueues(ctx, w.js); errors.Is(err, jetstream.ErrBucketNotFound) {
+		w.log.Warn("no gantry_queues bucket (a broker of an earlier release): queue pauses are not honoured")
+		w.queues = nil
+		return nil
+	} else if err != nil {
+		return err
+	}
 	for _, q := range w.cfg.Queues {
 		st, err := w.queues.Get(ctx, q.Name)
 		if err != nil {
@@ -49,6 +59,9 @@ func (w *Workers) openOps(ctx context.Context) error {
 // does it (the broker's pause is idempotent), so a pause holds even when
 // the operator's own pause of the consumers was cut short.
 func (w *Workers) followPauses(ctx context.Context) {
+	if w.queues == nil {
+		return
+	}
 	watcher, err := w.queues.KeyValue().WatchAll(ctx)
 	if err != nil {
 		w.log.Warn("watch queue pauses", "err", err)
@@ -97,6 +110,9 @@ type snapshot struct {
 // heartbeat writes this process's presence every PresenceInterval until ctx
 // ends. It runs on real time, as the entry's TTL does on the broker.
 func (w *Workers) heartbeat(ctx context.Context) {
+	if w.presence == nil {
+		return
+	}
 	snaps := []snapshot{{at: w.started, queues: map[string]*wire.QueueWindow{}}}
 	t := time.NewTicker(w.cfg.PresenceInterval)
 	defer t.Stop()
@@ -171,6 +187,9 @@ func (w *Workers) info(now time.Time, cur, base snapshot) wire.WorkerInfo {
 
 // leave removes this process's presence entry, so it disappears at once.
 func (w *Workers) leave(ctx context.Context) {
+	if w.presence == nil {
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := w.presence.Delete(ctx, w.cfg.Name); err != nil {
