@@ -218,6 +218,52 @@ alerts:
 		return nil
 	})
 
+	// The same picture through 'gantry stats --json', once the worker's
+	// presence (written every 5 s) holds the traffic.
+	poll.For(t, 15*time.Second, 200*time.Millisecond, func() error {
+		code, stdout, stderr := runInProcess(t, "stats", "--json", "--server", url)
+		var st client.Stats
+		if err := json.Unmarshal([]byte(stdout), &st); err != nil || code != exitOK {
+			t.Fatalf("stats --json = exit %d, %q, stderr %q", code, stdout, stderr)
+		}
+		var def client.QueueStats
+		for _, q := range st.Queues {
+			if q.Queue == "default" {
+				def = q
+			}
+		}
+		if def.NeedsReview != 1 || def.Succeeded != 5 || def.Failed != 1 || def.Retries != 1 || def.RunP99 == nil || def.WaitP50 == nil ||
+			def.ThroughputPerMin <= 0 || len(st.Workers) != 1 || !st.Scheduler.Leading || len(st.Resources) != 1 || st.Resources[0].Utilisation == nil {
+			return fmt.Errorf("stats = %+v, default queue %+v; want 1 needing review, 5 succeeded, 1 failed, 1 retry, percentiles, a worker, a leader, cam1's utilisation", st, def)
+		}
+		return nil
+	})
+
+	// Bulk review: counted on a dry run, then done, each audited.
+	for _, tc := range []struct {
+		args []string
+		want client.BulkResult
+	}{
+		{[]string{"task", "purge", "--state", "SUCCEEDED", "--type", "noop", "--queue", "default", "--dry-run"}, client.BulkResult{Matched: 3, DryRun: true}},
+		{[]string{"task", "purge", "--state", "SUCCEEDED", "--type", "noop", "--queue", "default"}, client.BulkResult{Matched: 3, Done: 3}},
+		{[]string{"task", "retry", "--all", "--type", "exec", "--dry-run"}, client.BulkResult{Matched: 1, DryRun: true}},
+		{[]string{"task", "retry", "--all", "--type", "exec"}, client.BulkResult{Matched: 1, Done: 1}},
+	} {
+		code, stdout, stderr := runInProcess(t, append(tc.args, "--json", "--server", url)...)
+		var res client.BulkResult
+		if err := json.Unmarshal([]byte(stdout), &res); err != nil || code != exitOK ||
+			res.Matched != tc.want.Matched || res.Done != tc.want.Done || res.DryRun != tc.want.DryRun || len(res.IDs) != res.Matched {
+			t.Errorf("gantry %v = exit %d, %q (stderr %q); want %+v", tc.args, code, stdout, stderr, tc.want)
+		}
+	}
+	if code, stdout, _ := runInProcess(t, "task", "ls", "--state", "SUCCEEDED", "--type", "noop", "--json", "--server", url); code != exitOK || strings.TrimSpace(stdout) != "[]" {
+		t.Errorf("task ls after purge = exit %d, %q; want no noop record", code, stdout)
+	}
+	code, stdout, _ := runInProcess(t, "audit", "query", "--type", "TASK_PURGED", "--json", "--server", url)
+	if code != exitOK || strings.Count(stdout, `"TASK_PURGED"`) != 3 {
+		t.Errorf("audit query --type TASK_PURGED = exit %d, %q; want 3 events", code, stdout)
+	}
+
 	t.Run("promtool", func(t *testing.T) {
 		tool := promtool(t)
 		cmd := exec.Command(tool, "check", "metrics")
