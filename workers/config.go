@@ -113,6 +113,9 @@ type Config struct {
 	// its MaxOpen, opened on first use and closed when Run returns. A sql
 	// task naming another database fails permanently.
 	Databases []sqltask.Database
+	// Sorter are the timings of the sorters of prioritized queues. Each
+	// defaults as SorterTimings says.
+	Sorter SorterTimings
 	// Clock tells the time of backoff and not_before decisions. Defaults to
 	// the real clock.
 	Clock clock.Clock
@@ -240,6 +243,10 @@ func (c Config) withDefaults() (Config, error) {
 	c.KillGrace = cmp.Or(c.KillGrace, 2*time.Second)
 	c.CheckpointDir = cmp.Or(c.CheckpointDir, filepath.Join(os.TempDir(), "gantry-checkpoints"))
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, 5*time.Second)
+	c.Sorter = c.Sorter.withDefaults()
+	if c.Sorter.PullExpiry < time.Second || c.Sorter.PullExpiry >= c.Sorter.PinnedTTL {
+		return c, fmt.Errorf("workers: sorter pull expiry %v must be at least 1s and shorter than its pinned TTL %v", c.Sorter.PullExpiry, c.Sorter.PinnedTTL)
+	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{}
 	}
