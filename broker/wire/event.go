@@ -88,6 +88,7 @@ var eventSubjects = map[EventType]string{
 	EventLeaseExpired:         "resource.lease_expired",
 	EventResourceStateChanged: "resource.state_changed",
 	EventResourceMoveRefused:  "resource.move_refused",
+	EventResourceWaiting:      "resource.waiting",
 
 	EventRouteCooldown:  "route.cooldown",
 	EventRouteRecovered: "route.recovered",
