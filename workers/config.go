@@ -71,9 +71,10 @@ type Config struct {
 	// LeaseTTL is the TTL of the lease on a task's resource, renewed every
 	// LeaseTTL/3 while the task runs. Defaults to 30 s.
 	LeaseTTL time.Duration
-	// BusyDelay is the shortest wait before retrying a task whose resource
-	// is busy; the holder's lease expiry, up to the policy's Delay, is the
-	// hint. Defaults to 1 s.
+	// BusyDelay is the delay before a task is tried again when its
+	// resource could neither be leased nor waited for (the broker did not
+	// answer). A busy, DISABLED or FAULT resource is waited for in its line
+	// instead, holding the delivery. Defaults to 1 s.
 	BusyDelay time.Duration
 	// HTTPClient sends http tasks without a route. Defaults to a client
 	// with Go's default transport.

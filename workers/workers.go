@@ -64,6 +64,11 @@ type Workers struct {
 	consumers []*spec
 	sorters   map[string]*sorter
 
+	// stopping ends when the workers stop taking tasks: the tasks waiting
+	// in line for a resource are handed back at once.
+	stopping     context.Context
+	markStopping context.CancelFunc
+
 	// pipe publishes the hot path's audit events and task records.
 	pipe *pipeline
 	// quit is closed when Run returns: the pipeline flushes and stops,
@@ -121,6 +126,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		idle:     make(chan job),
 		quit:     make(chan struct{}),
 	}
+	w.stopping, w.markStopping = context.WithCancel(context.Background())
 	w.consumers = w.specs()
 	w.sorters = map[string]*sorter{}
 	for i := range w.cfg.Queues {
@@ -287,6 +293,7 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 		w.cmu.Lock()
 		w.closing = true
 		w.cmu.Unlock()
+		w.markStopping()
 		for _, cc := range ccs {
 			cc.Stop()
 		}
