@@ -256,7 +256,7 @@ func (w *waiter) wait(ctx, wctx context.Context, first error) (*ResourceHolder, 
 			}
 		}
 		if retry == nil && v.turn(w.key, w.owner) {
-			rh, err := w.r.Lease(ctx, w.id, w.owner, w.ttl)
+			rh, err := w.take(ctx, v)
 			switch {
 			case err == nil:
 				return rh, nil
@@ -283,6 +283,16 @@ func (w *waiter) wait(ctx, wctx context.Context, first error) (*ResourceHolder, 
 			return nil, w.gaveUp(wctx, seen)
 		}
 	}
+}
+
+// take leases the resource when the view says it is the waiter's turn,
+// from the resource as the view has it (a read fewer; if it is stale, the
+// compare-and-swap says so).
+func (w *waiter) take(ctx context.Context, v lineView) (*ResourceHolder, error) {
+	if v.res == nil {
+		return w.r.Lease(ctx, w.id, w.owner, w.ttl)
+	}
+	return w.r.leaseFrom(ctx, w.id, w.owner, w.ttl, *v.res, true)
 }
 
 func (w *waiter) gaveUp(wctx context.Context, last WaitStatus) error {
@@ -354,7 +364,7 @@ func (ls *lines) join(id string) *line {
 	l := ls.all[id]
 	if l == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		l = &line{r: ls.r, id: id, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{}), tickets: map[string]ticket{}}
+		l = &line{r: ls.r, id: id, cancel: cancel, changed: make(chan struct{}), tickets: map[string]ticket{}}
 		ls.all[id] = l
 		go l.run(ctx)
 	}
@@ -362,18 +372,15 @@ func (ls *lines) join(id string) *line {
 	return l
 }
 
-// leave stops following l once its last waiter of this process left.
+// leave stops following l once its last waiter of this process left. It
+// does not wait for the watches to stop: a waiter whose turn came starts
+// its work without that.
 func (ls *lines) leave(l *line) {
 	ls.mu.Lock()
-	l.refs--
-	last := l.refs == 0
-	if last {
+	defer ls.mu.Unlock()
+	if l.refs--; l.refs == 0 {
 		delete(ls.all, l.id)
-	}
-	ls.mu.Unlock()
-	if last {
 		l.cancel()
-		<-l.done
 	}
 }
 
@@ -397,7 +404,6 @@ type line struct {
 	id     string
 	refs   int // guarded by lines.mu
 	cancel context.CancelFunc
-	done   chan struct{}
 
 	mu sync.Mutex
 	// synced counts the watches that delivered their initial values.
@@ -447,7 +453,6 @@ const followRetry = time.Second
 
 // run keeps the line's view until cancelled.
 func (l *line) run(ctx context.Context) {
-	defer close(l.done)
 	for {
 		err := l.follow(ctx)
 		if ctx.Err() != nil {
@@ -525,6 +530,8 @@ func (l *line) update(fn func()) {
 func (l *line) applyLease(e jetstream.KeyValueEntry) {
 	if e.Operation() != jetstream.KeyValuePut {
 		l.lease = nil
+		// The next acquire compare-and-swaps on this marker at once.
+		l.r.leases.setHint(l.id, e.Revision())
 		return
 	}
 	lease, _, err := decodeLease(e)
