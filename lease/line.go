@@ -255,13 +255,15 @@ func (w *waiter) wait(ctx, wctx context.Context, first error) (*ResourceHolder, 
 				w.opts.OnChange(st)
 			}
 		}
-		if retry == nil && v.turn(w.key, w.owner) {
+		if retry == nil && v.turn(w.key) {
 			rh, err := w.take(ctx, v)
 			switch {
 			case err == nil:
 				return rh, nil
 			case errors.Is(err, ErrInvalid):
 				return nil, err
+			case wctx.Err() != nil:
+				return nil, w.gaveUp(wctx, seen)
 			case waitable(err):
 				backoff = attemptGap
 			default:
@@ -621,17 +623,20 @@ func (v lineView) arrived(key string) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// turn reports whether the waiter with ticket key, for owner, may take the
-// lease now: its ticket is first, nobody else holds the lease and the
-// resource is neither DISABLED nor FAULT.
-func (v lineView) turn(key, owner string) bool {
+// turn reports whether the waiter with ticket key may take the lease now:
+// its ticket is first, nobody holds the lease and the resource is neither
+// DISABLED nor FAULT. A lease of the waiter's own owner counts as held: it
+// is another holder of that name (two deliveries of one task, two
+// processes given one --owner), which Acquire would renew rather than
+// refuse.
+func (v lineView) turn(key string) bool {
 	if !v.synced || len(v.tickets) == 0 || v.tickets[0].key != key {
 		return false
 	}
 	if v.res != nil && (v.res.State == wire.ResourceDisabled || v.res.State == wire.ResourceFault) {
 		return false
 	}
-	return v.lease == nil || v.lease.Owner == owner
+	return v.lease == nil
 }
 
 // waiting reads the lines of the resources whose tickets match filter
