@@ -325,6 +325,7 @@ func (d *delivery) lease(ctx, tctx context.Context, cancel context.CancelCauseFu
 		place.Priority = d.task.Priority
 	}
 	stopping := context.AfterFunc(w.stopping, func() { cancel(errInterrupted) })
+	since := time.Now()
 	hb := newHeartbeat(max(d.sp.queue.AckWait/3, 10*time.Millisecond), func() {
 		if err := d.msg.InProgress(); err != nil {
 			w.log.Debug("heartbeat", "task_id", d.rec.ID, "err", err)
@@ -341,6 +342,10 @@ func (d *delivery) lease(ctx, tctx context.Context, cancel context.CancelCauseFu
 	})
 	hb.stop()
 	stopping()
+	if err == nil && time.Since(since) >= d.sp.queue.AckWait && d.endedMeanwhile(ctx) {
+		_ = h.Finish(context.WithoutCancel(ctx), lease.Outcome{})
+		return nil, waited, false
+	}
 	if err == nil {
 		if err = h.Start(ctx); err != nil {
 			_ = h.Finish(context.WithoutCancel(ctx), lease.Outcome{})
@@ -352,6 +357,7 @@ func (d *delivery) lease(ctx, tctx context.Context, cancel context.CancelCauseFu
 	// The task did not run: this delivery is not an attempt.
 	d.rec.Attempts--
 	cause := context.Cause(tctx)
+	ctx = context.WithoutCancel(ctx)
 	switch {
 	case tctx.Err() != nil && errors.Is(cause, ErrCancelled):
 		d.finishCancelled(ctx)
@@ -364,6 +370,27 @@ func (d *delivery) lease(ctx, tctx context.Context, cancel context.CancelCauseFu
 		d.delay(ctx, wait, wire.TaskWaiting, fmt.Errorf("resource %s: %w", d.rec.Resource, err))
 	}
 	return nil, waited, false
+}
+
+// endedMeanwhile settles the delivery and reports true if the task's
+// record says it ended while this delivery waited: a wait as long as the
+// ack deadline may have been redelivered (heartbeats lost), and the other
+// delivery run.
+func (d *delivery) endedMeanwhile(ctx context.Context) bool {
+	prev, _, err := d.w.tasks.Get(ctx, d.rec.ID)
+	if err != nil || prev.Seq != d.rec.Seq {
+		return false
+	}
+	switch prev.State {
+	case wire.TaskSucceeded:
+		d.ack()
+	case wire.TaskNeedsReview, wire.TaskCancelled:
+		d.term("ended while this delivery waited for its resource")
+	default:
+		return false
+	}
+	d.w.log.Info("task ended while it waited for its resource", "task_id", d.rec.ID, "state", prev.State)
+	return true
 }
 
 // writeWaiting records that the task waits in line for its resource:

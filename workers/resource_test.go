@@ -314,3 +314,52 @@ func TestResourceWaitCancelAndStop(t *testing.T) {
 		return nil
 	})
 }
+
+// TestResourceWaitEndedMeanwhile: a delivery that waited as long as the ack
+// deadline may have been redelivered and run elsewhere; when its turn
+// comes, it finds the task ended and does not run it again.
+func TestResourceWaitEndedMeanwhile(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := resources(t, b)
+	ctx := context.Background()
+	if _, err := res.Add(ctx, lease.ResourceSpec{ID: "cam"}); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := res.Lease(ctx, "cam", "operator", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	h := HandlerFunc(func(context.Context, *Task) error {
+		runs.Add(1)
+		return nil
+	})
+	ackWait := 300 * time.Millisecond
+	b.start(t, Config{Queues: []Queue{{Name: wire.DefaultQueue, AckWait: ackWait}}}, map[string]Handler{"snap": h})
+	b.publish(t, wire.TaskSubject("", "snap"), `{"id":"m1","resource":"cam"}`)
+	waitLine(t, res, "cam", 1)
+	joined := time.Now()
+	rec := b.waitState(t, "m1", wire.TaskWaiting, 10*time.Second)
+	// Another delivery of m1 ran it meanwhile.
+	rec.State = wire.TaskSucceeded
+	if _, err := b.tasks.Put(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	check.For(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if d := time.Since(joined); d < 2*ackWait {
+			return fmt.Errorf("waited %v, want past the ack deadline", d)
+		}
+		return nil
+	})
+	if err := holder.Finish(ctx, lease.Outcome{}); err != nil {
+		t.Fatal(err)
+	}
+	b.waitEmpty(t, 10*time.Second)
+	if n := runs.Load(); n != 0 {
+		t.Errorf("runs = %d, want 0 (the task had ended)", n)
+	}
+	if r := resourceState(t, res, "cam"); r.State != wire.ResourceAvailable || len(r.Waiters) != 0 {
+		t.Errorf("resource = %s with %d waiting, want AVAILABLE, nobody waiting", r.State, len(r.Waiters))
+	}
+}
