@@ -119,6 +119,27 @@ func (w *Workers) runHTTP(ctx context.Context, t *Task) error {
 	}
 }
 
+// runSQL is the built-in sql: one statement against a database of
+// Config.Databases (see package sqltask), its result kept on the task's
+// record. Database errors come classified: permanent ones (syntax,
+// permission, missing object, constraint, data) carry a Permanent method.
+func (w *Workers) runSQL(ctx context.Context, t *Task) error {
+	var p wire.SQLPayload
+	if err := decodePayload(t, &p); err != nil {
+		return err
+	}
+	res, err := w.sql.Run(ctx, p)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(res)
+	if err != nil {
+		return fmt.Errorf("encode sql result: %w", err)
+	}
+	t.SetResult(data)
+	return nil
+}
+
 // parseRetryAfter reads a Retry-After header: seconds or an HTTP date. Zero
 // means no usable hint.
 func parseRetryAfter(v string, now time.Time) time.Duration {

@@ -8,12 +8,15 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/internal/proctree"
+	"github.com/gantry-dev/gantry/sqltask"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -61,6 +64,19 @@ type Config struct {
 	// that escaped the tree is read after the task's process exits.
 	// Defaults to 2 s, so that a stopping process ends within its 10 s.
 	KillGrace time.Duration
+	// CheckpointDir is where exec tasks' checkpoint files
+	// (GANTRY_CHECKPOINT_FILE) are written: in a directory of each Workers'
+	// own, removed when Run returns. Run first removes the directories of
+	// worker processes that are gone (killed with SIGKILL), with what
+	// they left. Defaults to gantry-checkpoints in the system's temporary
+	// directory; cmd/gantry uses <data>/checkpoints.
+	CheckpointDir string
+	// ProcessTrees is how exec tasks' process trees are contained: see
+	// proctree.Containment. Defaults to the strongest containment the
+	// machine allows; a Subreaper needs a Shim (cmd/gantry names its own
+	// executable), and without one Linux falls back from a cgroup to the
+	// process group.
+	ProcessTrees proctree.Config
 	// DrainTimeout is how long running tasks may take to finish after Stop
 	// before they are interrupted (exec trees get SIGTERM, then SIGKILL
 	// after KillGrace) and handed back to the broker. Defaults to 5 s.
@@ -79,6 +95,10 @@ type Config struct {
 	// HTTPClient sends http tasks without a route. Defaults to a client
 	// with Go's default transport.
 	HTTPClient *http.Client
+	// Databases are what sql tasks connect to: one pool each, bounded by
+	// its MaxOpen, opened on first use and closed when Run returns. A sql
+	// task naming another database fails permanently.
+	Databases []sqltask.Database
 	// Clock tells the time of backoff and not_before decisions. Defaults to
 	// the real clock.
 	Clock clock.Clock
@@ -194,6 +214,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.StateDelay = cmp.Or(c.StateDelay, 250*time.Millisecond)
 	c.OutputTail = cmp.Or(c.OutputTail, 4096)
 	c.KillGrace = cmp.Or(c.KillGrace, 2*time.Second)
+	c.CheckpointDir = cmp.Or(c.CheckpointDir, filepath.Join(os.TempDir(), "gantry-checkpoints"))
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, 5*time.Second)
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{}

@@ -3,6 +3,7 @@ package workers
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -71,8 +72,9 @@ type (
 		Worker  string `json:"worker"`
 	}
 	finishedPayload struct {
-		Attempts int            `json:"attempts"`
-		State    wire.TaskState `json:"state"`
+		Attempts int             `json:"attempts"`
+		Result   json.RawMessage `json:"result,omitempty"`
+		State    wire.TaskState  `json:"state"`
 	}
 )
 
@@ -480,9 +482,10 @@ func (d *delivery) succeed(ctx context.Context, t *Task) {
 	d.rec.State = wire.TaskSucceeded
 	d.rec.LastError = ""
 	d.rec.RetryAt = nil
+	d.rec.Result = t.Result()
 	d.write(ctx)
 	d.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: d.rec.ID, ResourceID: d.rec.Resource, Message: "task succeeded",
-		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, State: wire.TaskSucceeded})})
+		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Result: d.rec.Result, State: wire.TaskSucceeded})})
 	d.ack()
 }
 

@@ -50,6 +50,7 @@ type Task struct {
 	cps     Checkpoints
 	touched atomic.Bool
 	output  atomic.Pointer[string]
+	result  atomic.Pointer[json.RawMessage]
 }
 
 // Checkpoints keeps a task's checkpoint and its operation keys: a
@@ -138,6 +139,31 @@ func (t *Task) Once(ctx context.Context, op string, fn func(ctx context.Context)
 // SetOutput keeps s (its tail) as the output of this attempt, shown by
 // `gantry task get`.
 func (t *Task) SetOutput(s string) { t.output.Store(&s) }
+
+// MaxResult bounds the result a handler keeps with SetResult.
+const MaxResult = 128 << 10
+
+// SetResult keeps r, a JSON document, as the result of this attempt: if
+// the attempt succeeds it is on the task's record and in its TASK_FINISHED
+// event, and `gantry task get` shows it. A result that is not JSON, or is
+// larger than MaxResult, is replaced by an object whose "error" says so.
+func (t *Task) SetResult(r json.RawMessage) {
+	switch {
+	case !json.Valid(r):
+		r = json.RawMessage(`{"error":"the handler's result is not JSON"}`)
+	case len(r) > MaxResult:
+		r = fmt.Appendf(nil, `{"error":"the handler's result of %d bytes is over the limit of %d"}`, len(r), MaxResult)
+	}
+	t.result.Store(&r)
+}
+
+// Result returns what the attempt kept with SetResult, or nil.
+func (t *Task) Result() json.RawMessage {
+	if p := t.result.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
 
 // DecodeTask decodes a task message body. An empty body is a task with
 // every field unset; anything else must be a JSON object whose fields have

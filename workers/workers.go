@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -17,8 +18,10 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
+	"github.com/gantry-dev/gantry/internal/proctree"
 	"github.com/gantry-dev/gantry/internal/rpc"
 	"github.com/gantry-dev/gantry/lease"
+	"github.com/gantry-dev/gantry/sqltask"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -39,6 +42,12 @@ type Workers struct {
 	tasks     *tasks.Store
 	cps       *tasks.CheckpointStore
 	resources *lease.Resources
+	// sql holds the pools of the databases sql tasks use.
+	sql *sqltask.Databases
+	// trees starts exec tasks' processes; their checkpoint files are in
+	// cpDir, this Workers' own directory under Config.CheckpointDir.
+	trees *proctree.Starter
+	cpDir string
 
 	hmu      sync.RWMutex
 	handlers map[string]Handler
@@ -111,9 +120,21 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workers: %w", err)
 	}
+	trees, err := proctree.New(cfg.ProcessTrees)
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
+	cpDir, err := checkpointDir(cfg.CheckpointDir)
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(16384))
 	if err != nil {
 		return nil, fmt.Errorf("workers: jetstream: %w", err)
+	}
+	dbs, err := sqltask.New(cfg.Databases)
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
 	}
 	w := &Workers{
 		cfg:      cfg,
@@ -121,6 +142,9 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		js:       js,
 		log:      cfg.Logger,
 		audit:    audit.NewEmitter(js, "workers", cfg.Clock),
+		sql:      dbs,
+		trees:    trees,
+		cpDir:    cpDir,
 		handlers: map[string]Handler{},
 		running:  map[string]context.CancelCauseFunc{},
 		idle:     make(chan job),
@@ -138,6 +162,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 	w.handlers["noop"] = HandlerFunc(w.runNoop)
 	w.handlers["exec"] = HandlerFunc(w.runExec)
 	w.handlers["http"] = HandlerFunc(w.runHTTP)
+	w.handlers["sql"] = HandlerFunc(w.runSQL)
 	return w, nil
 }
 
@@ -240,6 +265,18 @@ func (w *Workers) Run(ctx context.Context) error {
 
 // run is Run's body.
 func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
+	// Last, once no task runs: the database pools.
+	defer func() {
+		if err := w.sql.Close(); err != nil {
+			w.log.Warn("close databases", "err", err)
+		}
+	}()
+	// Removed last, once every task has ended.
+	if err := w.makeCheckpointDir(); err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(w.cpDir) }()
+	w.log.Info("exec process trees", "containment", w.trees.Containment(), "checkpoint_dir", w.cpDir)
 	var err error
 	if w.tasks, err = tasks.NewStore(ctx, w.js, tasks.StoreConfig{Retention: w.cfg.TaskRetention}); err != nil {
 		return err

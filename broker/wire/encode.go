@@ -102,10 +102,10 @@ func EncodeTaskRecord(r *TaskRecord) ([]byte, error) {
 // a worker writes a record per task, and encoding/json took ~3 % of the
 // CPU of the workers' BenchmarkRatio. It reports false, having appended
 // nothing, for a record it leaves to json.Marshal: one with a stored
-// message, a time json.Marshal refuses, or a string encoding/json would
-// change (escapes, HTML characters, non-ASCII).
+// message or a result, a time json.Marshal refuses, or a string
+// encoding/json would change (escapes, HTML characters, non-ASCII).
 func appendTaskRecord(b []byte, r *TaskRecord) ([]byte, bool) {
-	if r.Message != nil || !jsonTime(r.CreatedAt) || !jsonTime(r.UpdatedAt) ||
+	if r.Message != nil || len(r.Result) > 0 || !jsonTime(r.CreatedAt) || !jsonTime(r.UpdatedAt) ||
 		(r.NotBefore != nil && !jsonTime(*r.NotBefore)) || (r.RetryAt != nil && !jsonTime(*r.RetryAt)) {
 		return b, false
 	}

@@ -32,6 +32,9 @@ type TaskRecord struct {
 	// Output holds the tail of the last attempt's output (exec: stdout and
 	// stderr; http: the response body), bounded.
 	Output string `json:"output,omitempty"`
+	// Result is what the handler of a task that SUCCEEDED returned (sql:
+	// a SQLResult), bounded; TASK_FINISHED carries it too.
+	Result json.RawMessage `json:"result,omitempty"`
 	// Message is the task's message, kept once it has left the stream
 	// (NEEDS_REVIEW), so that `gantry task retry` can publish it again.
 	Message *StoredMessage `json:"message,omitempty"`

@@ -28,7 +28,7 @@ less the deliveries that only delayed it). See docs/tasks.md.`,
 func (a *app) taskGetCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "get ID",
-		Short: "Show a task: state, attempts, last error, output tail",
+		Short: "Show a task: state, attempts, last error, output tail, result",
 		Args:  exactArgs(1, "ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -53,7 +53,7 @@ func (a *app) taskGetCommand() *cobra.Command {
 				if rec.Output != "" {
 					fmt.Fprintf(a.stdout, "\noutput (tail):\n%s\n", strings.TrimRight(rec.Output, "\n"))
 				}
-				return nil
+				return a.printResult(rec)
 			})
 		},
 	}

@@ -228,7 +228,7 @@ func TestWorkerCommand(t *testing.T) {
 	t.Parallel()
 	_, ready := startGantry(t, "broker", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
 	url := ready.NATS
-	w, _ := startGantry(t, "worker", "--server", url, "--queue", "batch=2", "--ack-wait", "2s")
+	w, _ := startGantry(t, "worker", "--server", url, "--data", t.TempDir(), "--queue", "batch=2", "--ack-wait", "2s")
 	code, out, stderr := runInProcess(t, "submit", "exec", "--queue", "batch", "--wait", "--server", url,
 		"--payload", `{"cmd":["sh","-c","echo task=$GANTRY_TASK_ID"]}`)
 	if code != exitOK {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +19,8 @@ import (
 	"github.com/gantry-dev/gantry/egress"
 	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
+	"github.com/gantry-dev/gantry/internal/proctree"
+	"github.com/gantry-dev/gantry/sqltask"
 	"github.com/gantry-dev/gantry/tasks"
 	"github.com/gantry-dev/gantry/workers"
 )
@@ -40,7 +43,13 @@ type workerFlags struct {
 	timeout     time.Duration
 	maxPayload  int
 	killGrace   time.Duration
+	containment string
 	retention   retentionValue
+	// databases come from the config file's databases section.
+	databases []sqltask.Database
+	// dataDir is the data directory: 'gantry run' sets it from its --data,
+	// 'gantry worker' has a --data of its own.
+	dataDir string
 }
 
 func (f *workerFlags) register(cmd *cobra.Command) {
@@ -60,6 +69,7 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.timeout, "task-timeout", 10*time.Minute, "default timeout of one attempt (a task's timeout wins)")
 	fl.IntVar(&f.maxPayload, "max-payload", 1<<20, "largest task message in bytes; a larger one is rejected")
 	fl.DurationVar(&f.killGrace, "kill-grace", 2*time.Second, "time between SIGTERM and SIGKILL of an exec task's process tree on timeout or cancel")
+	fl.StringVar(&f.containment, "exec-containment", string(proctree.Auto), "how an exec task's process tree is held together (Linux): auto (a cgroup v2 where delegated, else a subreaper), cgroup, subreaper or group")
 	f.retention = retentionValue(tasks.DefaultRetention)
 	fl.Var(&f.retention, "task-retention", "how long the record of a task that ended SUCCEEDED or CANCELLED is kept, in whole seconds (e.g. 30d, 36h); 0 keeps every record")
 }
@@ -127,6 +137,10 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 	if err != nil {
 		return workers.Config{}, err
 	}
+	containment, err := proctree.ParseContainment(f.containment)
+	if err != nil {
+		return workers.Config{}, usageError("--exec-containment %q: want auto, cgroup, subreaper or group", f.containment)
+	}
 	return workers.Config{
 		Name:   f.name,
 		Queues: queues,
@@ -134,7 +148,10 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 			Delay: f.delay, Timeout: f.timeout},
 		MaxPayload:    f.maxPayload,
 		KillGrace:     f.killGrace,
+		CheckpointDir: filepath.Join(f.dataDir, "checkpoints"),
+		ProcessTrees:  proctree.Config{Containment: containment, Shim: shimPath()},
 		TaskRetention: tc.Retention,
+		Databases:     f.databases,
 		Logger:        log.With("component", "workers"),
 	}, nil
 }
@@ -183,11 +200,26 @@ func parseTypePolicy(s string) (string, workers.Policy, error) {
 }
 
 // fromConfig fills the settings the command line left alone from the
-// config file's workers section ('gantry run').
-func (f *workerFlags) fromConfig(cfg *config.File, changed func(name string) bool) {
+// config file's workers section, and takes its databases, reading each DSN
+// from where the file says.
+func (f *workerFlags) fromConfig(cfg *config.File, changed func(name string) bool) error {
 	if r := cfg.Workers.TaskRetention; r != nil && !changed("task-retention") {
 		f.retention = retentionValue(*r)
 	}
+	f.databases = nil
+	for _, d := range cfg.Databases {
+		dsn, err := d.ResolveDSN()
+		if err != nil {
+			return err
+		}
+		f.databases = append(f.databases, sqltask.Database{Name: d.Name, Driver: d.Driver, DSN: dsn, MaxOpen: d.MaxOpen})
+	}
+	// A DSN its driver cannot parse is the config's fault: exit 2. New
+	// connects to nothing.
+	if _, err := sqltask.New(f.databases); err != nil {
+		return fmt.Errorf("%w: %w", config.ErrInvalid, err)
+	}
+	return nil
 }
 
 // workerActor runs the workers with the egress route picker they use.
@@ -232,6 +264,7 @@ func (p *process) addWorkers(ctx context.Context, f *workerFlags, log *slog.Logg
 
 func (a *app) workerCommand() *cobra.Command {
 	var f workerFlags
+	var configPath string
 	cmd := &cobra.Command{
 		Use:   "worker [--queue Q[=N]]... [flags]",
 		Short: "Run task workers alone, connected to a broker with --server",
@@ -255,18 +288,32 @@ busy resource, route cooldown, delay exit codes) wait for the hint without
 using up an attempt; permanent ones (bad input, 4xx, fail exit codes, unknown
 type) go to NEEDS_REVIEW at once, as does a task out of attempts.
 
-Built-in types: noop, exec, http. Any other type is sent as a request to
-gantry.handlers.<type>. See docs/tasks.md.`,
+Built-in types: noop, exec, http, sql (on the databases of --config). Any
+other type is sent as a request to gantry.handlers.<type>. See
+docs/tasks.md and docs/sql.md. An exec task's checkpoint file is under
+<data>/checkpoints; a worker removes the files a killed worker left there
+when it starts.`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.worker(cmd.Context(), &f) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.worker(cmd.Context(), &f, configPath, cmd.Flags().Changed)
+		},
 	}
 	f.register(cmd)
+	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose databases (for sql tasks) and workers section this worker uses")
+	cmd.Flags().StringVar(&f.dataDir, "data", defaultDataDir(), "data directory; exec tasks' checkpoint files are under <data>/checkpoints")
 	return cmd
 }
 
-func (a *app) worker(ctx context.Context, f *workerFlags) error {
+func (a *app) worker(ctx context.Context, f *workerFlags, configPath string, changed func(name string) bool) error {
 	log, err := a.logger()
 	if err != nil {
+		return err
+	}
+	cfg, err := (&serverFlags{configPath: configPath}).loadConfig()
+	if err != nil {
+		return err
+	}
+	if err := f.fromConfig(cfg, changed); err != nil {
 		return err
 	}
 	if _, err := f.config(log); err != nil {
