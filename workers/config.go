@@ -154,7 +154,7 @@ type Policy struct {
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
 	// Delay is the wait of a delayed retry that carries no hint (an exec
-	// delay exit code, a busy resource). Defaults to 30 s.
+	// delay exit code). Defaults to 30 s.
 	Delay time.Duration
 	// Timeout bounds one attempt. Defaults to 10 min.
 	Timeout time.Duration
