@@ -56,8 +56,8 @@ type Place struct {
 	// Seq breaks ties between equal Arrived: a task's stream sequence.
 	Seq uint64
 	// TaskID names the task waiting, if one is, for the line's readers and
-	// the audit event.
-	TaskID string
+	// the audit event; Job the job that fired it, for the event.
+	TaskID, Job string
 }
 
 // WaitOptions tune LeaseWait.
@@ -346,7 +346,7 @@ func (w *waiter) emitWaiting(first error) {
 		msg += fmt.Sprintf(", %s", ue.State)
 	}
 	w.r.ev.emit(wire.Event{
-		Type: wire.EventResourceWaiting, ResourceID: w.id, TaskID: w.place.TaskID,
+		Type: wire.EventResourceWaiting, ResourceID: w.id, TaskID: w.place.TaskID, JobID: w.place.Job,
 		Message: msg, Payload: audit.Payload(payload),
 	})
 }

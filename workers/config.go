@@ -59,6 +59,21 @@ type Config struct {
 	// OutputTail bounds the output (stdout, stderr, response body) kept per
 	// attempt. Defaults to 4 KiB.
 	OutputTail int
+	// OutputRate bounds the lines of one attempt published live on
+	// gantry.output.<task id>, per second, in bursts of twice as many;
+	// lines over it are dropped (the next line counts them), so a chatty
+	// task is never slowed. Defaults to 100.
+	OutputRate int
+	// OutputLineMax bounds a live output line in bytes; a longer one is
+	// cut. Defaults to 1 KiB.
+	OutputLineMax int
+	// HeartbeatWindow is how long a remote handler that has sent a
+	// progress message (wire.HeaderProgress) may then stay silent before
+	// its attempt fails as lost (a retry): a handler that dies mid-request
+	// is noticed within it. It is sent to the handler in the request's
+	// wire.HeaderHeartbeatWindow. A handler that sends no progress is
+	// waited for until the task's timeout. Defaults to 5 s.
+	HeartbeatWindow time.Duration
 	// KillGrace is how long an exec'd process tree has between SIGTERM and
 	// SIGKILL on timeout or cancel, and how long the output of a process
 	// that escaped the tree is read after the task's process exits.
@@ -156,6 +171,11 @@ type Policy struct {
 	// Delay is the wait of a delayed retry that carries no hint (an exec
 	// delay exit code). Defaults to 30 s.
 	Delay time.Duration
+	// NoHandlerDelay is the wait of a delayed retry when no handler
+	// answers on gantry.handlers.<type> (a handler restarting). Like every
+	// delay it does not use up an attempt; Config.MaxDelays bounds it.
+	// Defaults to 5 s.
+	NoHandlerDelay time.Duration
 	// Timeout bounds one attempt. Defaults to 10 min.
 	Timeout time.Duration
 	// MaxRuntime is the hard maximum of one attempt, whatever the task
@@ -177,23 +197,25 @@ type RoutePicker interface {
 
 func (p Policy) or(q Policy) Policy {
 	return Policy{
-		MaxAttempts: cmp.Or(p.MaxAttempts, q.MaxAttempts),
-		BackoffBase: cmp.Or(p.BackoffBase, q.BackoffBase),
-		BackoffMax:  cmp.Or(p.BackoffMax, q.BackoffMax),
-		Delay:       cmp.Or(p.Delay, q.Delay),
-		Timeout:     cmp.Or(p.Timeout, q.Timeout),
-		MaxRuntime:  cmp.Or(p.MaxRuntime, q.MaxRuntime),
+		MaxAttempts:    cmp.Or(p.MaxAttempts, q.MaxAttempts),
+		BackoffBase:    cmp.Or(p.BackoffBase, q.BackoffBase),
+		BackoffMax:     cmp.Or(p.BackoffMax, q.BackoffMax),
+		Delay:          cmp.Or(p.Delay, q.Delay),
+		NoHandlerDelay: cmp.Or(p.NoHandlerDelay, q.NoHandlerDelay),
+		Timeout:        cmp.Or(p.Timeout, q.Timeout),
+		MaxRuntime:     cmp.Or(p.MaxRuntime, q.MaxRuntime),
 	}
 }
 
 // defaultPolicy holds the documented defaults.
 var defaultPolicy = Policy{
-	MaxAttempts: 5,
-	BackoffBase: time.Second,
-	BackoffMax:  5 * time.Minute,
-	Delay:       30 * time.Second,
-	Timeout:     10 * time.Minute,
-	MaxRuntime:  24 * time.Hour,
+	MaxAttempts:    5,
+	BackoffBase:    time.Second,
+	BackoffMax:     5 * time.Minute,
+	Delay:          30 * time.Second,
+	NoHandlerDelay: 5 * time.Second,
+	Timeout:        10 * time.Minute,
+	MaxRuntime:     24 * time.Hour,
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -213,6 +235,9 @@ func (c Config) withDefaults() (Config, error) {
 	c.TaskRetention = cmp.Or(c.TaskRetention, tasks.DefaultRetention)
 	c.StateDelay = cmp.Or(c.StateDelay, 250*time.Millisecond)
 	c.OutputTail = cmp.Or(c.OutputTail, 4096)
+	c.OutputRate = cmp.Or(c.OutputRate, 100)
+	c.OutputLineMax = cmp.Or(c.OutputLineMax, 1024)
+	c.HeartbeatWindow = cmp.Or(c.HeartbeatWindow, 5*time.Second)
 	c.KillGrace = cmp.Or(c.KillGrace, 2*time.Second)
 	c.CheckpointDir = cmp.Or(c.CheckpointDir, filepath.Join(os.TempDir(), "gantry-checkpoints"))
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, 5*time.Second)
@@ -225,6 +250,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LeaseTTL < time.Second {
 		return c, fmt.Errorf("lease ttl %v: want at least 1s", c.LeaseTTL)
+	}
+	if c.OutputRate < 1 || c.OutputLineMax < 1 || c.HeartbeatWindow < 0 {
+		return c, fmt.Errorf("output rate %d, output line max %d, heartbeat window %v: want positive values", c.OutputRate, c.OutputLineMax, c.HeartbeatWindow)
 	}
 	if c.KeyTTL < time.Second {
 		return c, fmt.Errorf("key ttl %v: want at least 1s", c.KeyTTL)

@@ -47,7 +47,7 @@ func (w *Workers) runExec(ctx context.Context, t *Task) error {
 	cmd.Env = env
 	cmd.Stdin = strings.NewReader(p.Stdin)
 	stdout, stderr := newTail(w.cfg.OutputTail), newTail(w.cfg.OutputTail)
-	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.Stdout, cmd.Stderr = t.tee(wire.OutputStdout, stdout), t.tee(wire.OutputStderr, stderr)
 	cmd.WaitDelay = w.cfg.KillGrace
 	tree, err := w.trees.Start(cmd)
 	switch {

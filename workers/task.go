@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"sync/atomic"
 	"time"
 
@@ -51,6 +52,8 @@ type Task struct {
 	touched atomic.Bool
 	output  atomic.Pointer[string]
 	result  atomic.Pointer[json.RawMessage]
+	// live publishes the attempt's output lines; nil outside a worker.
+	live *liveOutput
 }
 
 // Checkpoints keeps a task's checkpoint and its operation keys: a
@@ -136,6 +139,10 @@ func (t *Task) Once(ctx context.Context, op string, fn func(ctx context.Context)
 	return t.cps.FinishOp(context.WithoutCancel(ctx), t.ID, op)
 }
 
+// tee returns w, also publishing the lines written to it live as the
+// task's output of stream (wire.OutputStdout, …).
+func (t *Task) tee(stream string, w io.Writer) io.Writer { return t.live.tee(stream, w) }
+
 // SetOutput keeps s (its tail) as the output of this attempt, shown by
 // `gantry task get`.
 func (t *Task) SetOutput(s string) { t.output.Store(&s) }
@@ -196,6 +203,22 @@ func DecodeTask(data []byte, maxSize int) (wire.Task, error) {
 		return wire.Task{}, fmt.Errorf("%w: %v", ErrBadTask, err)
 	}
 	return t, nil
+}
+
+// publishedID is the id in the body of a task message that DecodeTask
+// rejects for another reason ({"id":"r-1","timeout":5}), when it is a
+// valid id; "" otherwise.
+func publishedID(data []byte) string {
+	var v struct {
+		ID any `json:"id"`
+	}
+	if json.Unmarshal(bytes.TrimSpace(data), &v) != nil {
+		return ""
+	}
+	if id, ok := v.ID.(string); ok && wire.ValidTaskID(id) {
+		return id
+	}
+	return ""
 }
 
 func validateTask(t wire.Task) error {

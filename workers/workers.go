@@ -58,6 +58,9 @@ type Workers struct {
 	running      map[string]context.CancelCauseFunc
 	interrupting bool
 
+	// outputs holds the live output of each running attempt, by task id.
+	outputs sync.Map
+
 	// cmu guards closing and the Add side of inflight.
 	cmu      sync.Mutex
 	closing  bool
@@ -310,8 +313,9 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 
 	// Every worker process hears every cancel request: only the one
 	// running (or holding) the task answers.
-	cancelSvc, err := rpc.AddService(w.nc, wire.WorkersServiceName, "gantry workers: cancel a running or held task",
-		rpc.Endpoint{Name: "cancel", Subject: wire.SubjectTaskCancel, Handler: w.cancelRunning, Everyone: true})
+	cancelSvc, err := rpc.AddService(w.nc, wire.WorkersServiceName, "gantry workers: cancel a running or held task, read a running task's output",
+		rpc.Endpoint{Name: "cancel", Subject: wire.SubjectTaskCancel, Handler: w.cancelRunning, Everyone: true},
+		rpc.Endpoint{Name: "output", Subject: wire.SubjectTaskOutput, Handler: w.taskOutput, Everyone: true})
 	if err != nil {
 		return err
 	}
@@ -682,14 +686,20 @@ func (w *Workers) maxDeliveries(ctx context.Context, stream jetstream.Stream, da
 	}
 	queue, typ, _ := wire.ParseTaskSubject(raw.Subject)
 	t, derr := DecodeTask(raw.Data, 0)
+	if derr != nil {
+		t.ID = publishedID(raw.Data)
+	}
 	msgID, created, intakeSeq, _ := origin(raw.Subject, raw.Header, raw.Time, adv.StreamSeq)
 	id := taskID(t, msgID, created, intakeSeq)
 	rec := wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: id, Type: typ, Queue: queue, Resource: t.Resource, CreatedAt: created}}
 	if prev, _, err := w.tasks.Get(ctx, id); err == nil {
 		rec = prev
 	}
-	if derr == nil && t.ID != "" {
+	if t.ID != "" {
 		rec.ID = t.ID
+	}
+	if rec.Job == "" {
+		rec.Job = jobOf(raw.Header)
 	}
 	rec.Deliveries = adv.Deliveries
 	rec.Attempts = adv.Deliveries - rec.Delays
@@ -719,8 +729,8 @@ func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord) {
 	if _, err := w.tasks.Put(ctx, rec); err != nil {
 		w.log.Error("write task state", "task_id", rec.ID, "state", rec.State, "err", err)
 	}
-	w.emitAsync(wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource,
+	w.emitAsync(wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
 		Message: rec.LastError, Payload: audit.Payload(map[string]any{"attempts": rec.Attempts, "queue": rec.Queue, "type": rec.Type})})
-	w.emitAsync(wire.Event{Type: wire.EventTaskFinished, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource,
+	w.emitAsync(wire.Event{Type: wire.EventTaskFinished, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
 		Message: "task needs review", Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, State: rec.State})})
 }

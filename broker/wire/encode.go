@@ -109,7 +109,7 @@ func appendTaskRecord(b []byte, r *TaskRecord) ([]byte, bool) {
 		(r.NotBefore != nil && !jsonTime(*r.NotBefore)) || (r.RetryAt != nil && !jsonTime(*r.RetryAt)) {
 		return b, false
 	}
-	for _, s := range [...]string{r.ID, r.Type, r.Queue, string(r.State), r.LastError, r.Resource, r.Key, r.Worker, r.Output} {
+	for _, s := range [...]string{r.ID, r.Type, r.Queue, string(r.State), r.LastError, r.Resource, r.Key, r.Worker, r.Job, r.Output} {
 		if !plainString(s) {
 			return b, false
 		}
@@ -143,6 +143,7 @@ func appendTaskRecord(b []byte, r *TaskRecord) ([]byte, bool) {
 		b = strconv.AppendUint(b, r.Seq, 10)
 	}
 	b = appendString(b, `,"worker":"`, r.Worker)
+	b = appendString(b, `,"job":"`, r.Job)
 	b = appendString(b, `,"output":"`, r.Output)
 	return append(b, '}'), true
 }

@@ -81,6 +81,7 @@ var eventSubjects = map[EventType]string{
 	EventTaskFinished:   "task.finished",
 	EventTaskRejected:   "task.rejected",
 	EventTaskCancelled:  "task.cancelled",
+	EventAttemptLost:    "task.attempt_lost",
 
 	EventResourceLeased:       "resource.leased",
 	EventResourceReleased:     "resource.released",

@@ -21,7 +21,7 @@ machine. States: WAITING, RUNNING, RETRY_WAIT, SUCCEEDED, NEEDS_REVIEW,
 CANCELLED. Attempts are the runs of the task (the broker's delivery count,
 less the deliveries that only delayed it). See docs/tasks.md.`,
 	}
-	cmd.AddCommand(a.taskGetCommand(), a.taskLsCommand(), a.taskRetryCommand(), a.taskCancelCommand())
+	cmd.AddCommand(a.taskGetCommand(), a.taskLsCommand(), a.taskRetryCommand(), a.taskCancelCommand(), a.taskLogsCommand())
 	return cmd
 }
 

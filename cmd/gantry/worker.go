@@ -40,6 +40,9 @@ type workerFlags struct {
 	backoffBase time.Duration
 	backoffMax  time.Duration
 	delay       time.Duration
+	noHandler   time.Duration
+	maxDelays   int
+	hbWindow    time.Duration
 	timeout     time.Duration
 	maxPayload  int
 	killGrace   time.Duration
@@ -58,7 +61,7 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	fl.StringSliceVar(&f.queues, "queue", []string{wire.DefaultQueue}, "queue to run tasks of, as NAME or NAME=CONCURRENCY (repeatable)")
 	fl.IntVar(&f.concurrency, "concurrency", 64, "tasks of a queue running at once, across all workers (the consumer's MaxAckPending)")
 	fl.StringSliceVar(&f.typeLimits, "type-limit", nil, "TYPE=N: at most N tasks of TYPE at once; a queue with type limits runs only the types listed (repeatable)")
-	fl.StringArrayVar(&f.typePolicy, "type-policy", nil, "TYPE:KEY=VALUE,...: the retry policy of one type, keys max_attempts, backoff_base, backoff_max, delay, timeout (repeatable)")
+	fl.StringArrayVar(&f.typePolicy, "type-policy", nil, "TYPE:KEY=VALUE,...: the retry policy of one type, keys max_attempts, backoff_base, backoff_max, delay, no_handler_delay, timeout (repeatable)")
 	fl.StringSliceVar(&f.prioritize, "prioritize", nil, "QUEUE: its waiting tasks start highest priority first, not in publish order (repeatable; every worker of the queue must agree)")
 	fl.IntVar(&f.window, "priority-window", 1000, "waiting tasks a prioritized queue holds and orders; later ones wait in publish order behind them")
 	fl.DurationVar(&f.ackWait, "ack-wait", 30*time.Second, "ack deadline: a dead worker's task is redelivered after it; running tasks heartbeat every third of it")
@@ -66,6 +69,9 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.backoffBase, "backoff-base", time.Second, "retry n waits min(base*2^(n-1), max) with ±20% jitter")
 	fl.DurationVar(&f.backoffMax, "backoff-max", 5*time.Minute, "longest wait between retries")
 	fl.DurationVar(&f.delay, "delay", 30*time.Second, "wait of a delayed retry without a hint (delay exit code)")
+	fl.DurationVar(&f.noHandler, "no-handler-delay", 5*time.Second, "wait before a task no handler answered on gantry.handlers.<type> is tried again; not an attempt, bounded by --max-delays")
+	fl.IntVar(&f.maxDelays, "max-delays", 1000, "delayed retries of one task (rate limit, no handler...) before NEEDS_REVIEW")
+	fl.DurationVar(&f.hbWindow, "handler-heartbeat-window", 5*time.Second, "a remote handler that sent a progress heartbeat and then stays silent this long has lost its attempt")
 	fl.DurationVar(&f.timeout, "task-timeout", 10*time.Minute, "default timeout of one attempt (a task's timeout wins)")
 	fl.IntVar(&f.maxPayload, "max-payload", 1<<20, "largest task message in bytes; a larger one is rejected")
 	fl.DurationVar(&f.killGrace, "kill-grace", 2*time.Second, "time between SIGTERM and SIGKILL of an exec task's process tree on timeout or cancel")
@@ -130,8 +136,8 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 		}
 	}
 	if f.concurrency < 1 || f.window < 1 || f.maxAttempts < 1 || f.ackWait < 100*time.Millisecond || f.backoffBase <= 0 ||
-		f.backoffMax < f.backoffBase || f.timeout <= 0 || f.maxPayload < 1 {
-		return workers.Config{}, usageError("worker flags: want --concurrency ≥ 1, --priority-window ≥ 1, --max-attempts ≥ 1, --ack-wait ≥ 100ms, 0 < --backoff-base ≤ --backoff-max, --task-timeout > 0, --max-payload ≥ 1")
+		f.backoffMax < f.backoffBase || f.timeout <= 0 || f.maxPayload < 1 || f.noHandler <= 0 || f.hbWindow <= 0 || f.maxDelays < 1 {
+		return workers.Config{}, usageError("worker flags: want --concurrency ≥ 1, --priority-window ≥ 1, --max-attempts ≥ 1, --ack-wait ≥ 100ms, 0 < --backoff-base ≤ --backoff-max, --task-timeout > 0, --max-payload ≥ 1, --no-handler-delay > 0, --handler-heartbeat-window > 0, --max-delays ≥ 1")
 	}
 	tc, err := taskRetention(f.retention)
 	if err != nil {
@@ -145,14 +151,16 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 		Name:   f.name,
 		Queues: queues,
 		Policy: workers.Policy{MaxAttempts: f.maxAttempts, BackoffBase: f.backoffBase, BackoffMax: f.backoffMax,
-			Delay: f.delay, Timeout: f.timeout},
-		MaxPayload:    f.maxPayload,
-		KillGrace:     f.killGrace,
-		CheckpointDir: filepath.Join(f.dataDir, "checkpoints"),
-		ProcessTrees:  proctree.Config{Containment: containment, Shim: shimPath()},
-		TaskRetention: tc.Retention,
-		Databases:     f.databases,
-		Logger:        log.With("component", "workers"),
+			Delay: f.delay, NoHandlerDelay: f.noHandler, Timeout: f.timeout},
+		MaxPayload:      f.maxPayload,
+		HeartbeatWindow: f.hbWindow,
+		MaxDelays:       f.maxDelays,
+		KillGrace:       f.killGrace,
+		CheckpointDir:   filepath.Join(f.dataDir, "checkpoints"),
+		ProcessTrees:    proctree.Config{Containment: containment, Shim: shimPath()},
+		TaskRetention:   tc.Retention,
+		Databases:       f.databases,
+		Logger:          log.With("component", "workers"),
 	}, nil
 }
 
@@ -160,7 +168,7 @@ func (f *workerFlags) config(log *slog.Logger) (workers.Config, error) {
 func parseTypePolicy(s string) (string, workers.Policy, error) {
 	var p workers.Policy
 	bad := func(why string) (string, workers.Policy, error) {
-		return "", p, usageError("--type-policy %q: %s (want TYPE:max_attempts=N,backoff_base=D,backoff_max=D,delay=D,timeout=D)", s, why)
+		return "", p, usageError("--type-policy %q: %s (want TYPE:max_attempts=N,backoff_base=D,backoff_max=D,delay=D,no_handler_delay=D,timeout=D)", s, why)
 	}
 	typ, rest, ok := strings.Cut(s, ":")
 	if !ok || !wire.ValidToken(typ) || rest == "" {
@@ -190,6 +198,8 @@ func parseTypePolicy(s string) (string, workers.Policy, error) {
 			p.BackoffMax = d
 		case "delay":
 			p.Delay = d
+		case "no_handler_delay":
+			p.NoHandlerDelay = d
 		case "timeout":
 			p.Timeout = d
 		default:
