@@ -142,7 +142,11 @@ func NewResources(js jetstream.JetStream, cfg ResourcesConfig) (*Resources, erro
 	if err != nil {
 		return nil, fmt.Errorf("new resources: bucket %s: %w", wire.BucketWaiters, err)
 	}
-	r := &Resources{js: js, kv: kv, waiters: waiters, leases: cfg.Leases, ev: newEvents(cfg.Audit, js, cfg.Logger), clock: cfg.Clock, log: cfg.Logger}
+	ev, err := newEvents(cfg.Audit, js, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("new resources: %w", err)
+	}
+	r := &Resources{js: js, kv: kv, waiters: waiters, leases: cfg.Leases, ev: ev, clock: cfg.Clock, log: cfg.Logger}
 	r.lines = &lines{r: r, all: map[string]*line{}}
 	return r, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/asyncpub"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/lease"
@@ -274,12 +275,11 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 		rec.UpdatedAt = w.cfg.Clock.Now()
 		rec.RetryAt = nil
 		m, err := w.tasks.PutMsg(rec)
-		if err == nil {
-			err = w.pipe.publish(m, "", nil)
-		}
 		if err != nil {
 			w.log.Warn("write task state", "task_id", rec.ID, "state", rec.State, "err", err)
+			return
 		}
+		w.pub.Publish(m, "")
 	})
 	defer runningTimer.Stop()
 
@@ -429,12 +429,11 @@ func (d *delivery) writeWaiting(s lease.WaitStatus) {
 	rec.LastError = fmt.Sprintf("waiting for resource %s: %v", rec.Resource, s)
 	rec.UpdatedAt = d.w.cfg.Clock.Now()
 	m, err := d.w.tasks.PutMsg(rec)
-	if err == nil {
-		err = d.w.pipe.publish(m, "", nil)
-	}
 	if err != nil {
 		d.w.log.Warn("write task state", "task_id", rec.ID, "state", rec.State, "err", err)
+		return
 	}
+	d.w.pub.Publish(m, "")
 	d.w.log.Debug("waiting for resource", "task_id", rec.ID, "resource_id", rec.Resource, "holder", s.Holder, "position", s.Position)
 }
 
@@ -635,27 +634,22 @@ func asPublished(subject string, h nats.Header, data []byte) *wire.StoredMessage
 
 // write stores the record and returns once the bucket has it.
 func (d *delivery) write(ctx context.Context) {
-	done := make(chan error, 1)
 	d.mu.Lock()
 	d.final = true
 	d.rec.UpdatedAt = d.w.cfg.Clock.Now()
 	m, err := d.w.tasks.PutMsg(d.rec)
+	var f *asyncpub.Future
 	if err == nil {
 		// Published under mu: after any RUNNING write, so stored after it.
-		err = d.w.pipe.publish(m, "", done)
+		f = d.w.pub.Async(m)
 	}
 	d.mu.Unlock()
 	if err == nil {
-		// The pipeline gives every publish an outcome within ackTimeout.
-		if err = <-done; err == nil {
-			return
-		}
+		// A failed put is made once more, waiting.
+		err = d.w.pub.Settle(ctx, f, "")
 	}
-	// The pipelined put failed: once more, waiting.
-	ctx, cancel := context.WithTimeout(ctx, ackTimeout)
-	defer cancel()
-	if _, err2 := d.w.tasks.Put(ctx, d.rec); err2 != nil {
-		d.w.log.Error("write task state", "task_id", d.rec.ID, "state", d.rec.State, "err", errors.Join(err, err2))
+	if err != nil {
+		d.w.log.Error("write task state", "task_id", d.rec.ID, "state", d.rec.State, "err", err)
 	}
 }
 

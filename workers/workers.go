@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/asyncpub"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
 	"github.com/gantry-dev/gantry/internal/proctree"
@@ -81,10 +82,10 @@ type Workers struct {
 	stopping     context.Context
 	markStopping context.CancelFunc
 
-	// pipe publishes the hot path's audit events and task records.
-	pipe *pipeline
-	// quit is closed when Run returns: the pipeline flushes and stops,
-	// idle runners leave.
+	// pub publishes the hot path's audit events and task records without
+	// waiting, and checks their acknowledgements.
+	pub *asyncpub.Publisher
+	// quit is closed when Run returns: idle runners leave.
 	quit chan struct{}
 }
 
@@ -161,11 +162,14 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 			w.sorters[q.Name] = newSorter(w, q, w.consumers)
 		}
 	}
-	w.pipe = newPipeline(nc, ackTimeout, maxPendingWrites, w.writeFailed)
+	if w.pub, err = asyncpub.New(nc, asyncpub.Config{MaxPending: maxPendingWrites, Timeout: ackTimeout, Logger: cfg.Logger}); err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
 	w.handlers["noop"] = HandlerFunc(w.runNoop)
 	w.handlers["exec"] = HandlerFunc(w.runExec)
 	w.handlers["http"] = HandlerFunc(w.runHTTP)
 	w.handlers["sql"] = HandlerFunc(w.runSQL)
+	w.handlers["backup"] = HandlerFunc(w.runBackup)
 	return w, nil
 }
 
@@ -295,17 +299,8 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 		return fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
 	}
 
-	if err := w.pipe.start(); err != nil {
-		return err
-	}
-	checked := make(chan struct{})
-	go func() {
-		defer close(checked)
-		w.pipe.run(w.quit, flushTimeout)
-	}()
 	defer func() {
 		close(w.quit)
-		<-checked
 		// No task is running (stopTaking waited for them): the idle
 		// runners leave on quit.
 		w.runners.Wait()
@@ -588,8 +583,8 @@ func (w *Workers) track(id string, cancel context.CancelCauseFunc) func() {
 }
 
 // emitAsync stamps and publishes ev without waiting; the acknowledgement is
-// checked in the background and a failed publish is made again
-// synchronously.
+// checked later and a failed publish is made again synchronously, under
+// the event id as Nats-Msg-Id.
 //
 // The hot-path publish carries no Nats-Msg-Id: the stream's duplicate
 // tracking of one id per event cut the throughput of four writes per
@@ -598,68 +593,34 @@ func (w *Workers) track(id string, cancel context.CancelCauseFunc) func() {
 // lost acknowledgement is stored once; the republish does carry the id.
 func (w *Workers) emitAsync(ev wire.Event) {
 	w.audit.Stamp(&ev)
-	data, err := wire.EncodeEvent(&ev)
+	data, err := json.Marshal(&ev)
 	if err != nil {
 		w.log.Error("encode audit event", "type", ev.Type, "task_id", ev.TaskID, "err", err)
 		return
 	}
-	m := &nats.Msg{Subject: ev.Type.Subject(), Data: data}
-	if err := w.pipe.publish(m, ev.ID, nil); err != nil {
-		w.republish(withMsgID(m, ev.ID), err)
-	}
-}
-
-// writeFailed handles a pipelined write that failed: an audit event is
-// published again, a task record is reported.
-func (w *Workers) writeFailed(p *pub, err error) {
-	if p.eventID != "" {
-		w.republish(withMsgID(p.msg, p.eventID), err)
-		return
-	}
-	w.log.Warn("task state write failed", "subject", p.msg.Subject, "err", err)
-}
-
-// withMsgID is a copy of m with the Nats-Msg-Id id.
-func withMsgID(m *nats.Msg, id string) *nats.Msg {
-	c := nats.NewMsg(m.Subject)
-	c.Data = m.Data
-	c.Header.Set(jetstream.MsgIDHeader, id)
-	return c
-}
-
-// republish publishes an audit event whose asynchronous publish failed
-// again, synchronously; its Nats-Msg-Id (the event id) stores it once
-// however often it is retried.
-func (w *Workers) republish(m *nats.Msg, cause error) {
-	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
-	defer cancel()
-	if _, err := w.js.PublishMsg(ctx, m); err != nil {
-		w.log.Error("audit event lost", "subject", m.Subject, "err", errors.Join(cause, err))
-	}
+	w.pub.Publish(&nats.Msg{Subject: ev.Type.Subject(), Data: data}, ev.ID)
 }
 
 // ackTimeout bounds the wait for the acknowledgement of an asynchronous
 // publish (a closed connection never answers).
 const ackTimeout = 10 * time.Second
 
-// maxPendingWrites bounds the pipelined writes waiting for their
+// maxPendingWrites bounds the asynchronous writes waiting for their
 // acknowledgement; a write past it waits for room.
 const maxPendingWrites = 16384
 
 // flushTimeout bounds the wait for the pending writes when Run stops.
 const flushTimeout = 5 * time.Second
 
-// flush waits for the asynchronous publishes made through w.js (the
-// resources' events) to be acknowledged; the pipeline flushes its own.
+// flush waits for the asynchronous writes (the hot path's, the resources'
+// events) to be acknowledged.
 func (w *Workers) flush(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, flushTimeout)
 	defer cancel()
-	select {
-	case <-w.js.PublishAsyncComplete():
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("wait for pending writes: %w", ctx.Err())
+	if err := errors.Join(w.pub.Flush(ctx), w.resources.Flush(ctx)); err != nil {
+		return fmt.Errorf("wait for pending writes: %w", err)
 	}
+	return nil
 }
 
 // maxDeliveries handles the consumer advisory for a task delivered

@@ -90,6 +90,7 @@ var eventSubjects = map[EventType]string{
 	EventResourceStateChanged: "resource.state_changed",
 	EventResourceMoveRefused:  "resource.move_refused",
 	EventResourceWaiting:      "resource.waiting",
+	EventLeaseRevoked:         "resource.lease_revoked",
 
 	EventRouteCooldown:  "route.cooldown",
 	EventRouteRecovered: "route.recovered",

@@ -72,6 +72,8 @@ Start everything in one process with 'gantry run'.`,
 		a.submitCommand(),
 		a.taskCommand(),
 		a.workerCommand(),
+		a.backupCommand(),
+		a.restoreCommand(),
 	)
 	return root
 }

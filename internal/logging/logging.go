@@ -32,7 +32,7 @@ func New(w io.Writer, format Format, level string) (*slog.Logger, error) {
 	}
 	switch format {
 	case FormatAuto, "":
-		if isTerminal(w) {
+		if IsTerminal(w) {
 			format = FormatText
 		} else {
 			format = FormatJSON
@@ -45,13 +45,15 @@ func New(w io.Writer, format Format, level string) (*slog.Logger, error) {
 		return slog.New(tint.NewTextHandler(w, &tint.Options{
 			Level:      lvl,
 			TimeFormat: time.TimeOnly,
-			NoColor:    !isTerminal(w),
+			NoColor:    !IsTerminal(w),
 		})), nil
 	}
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl})), nil
 }
 
-func isTerminal(w io.Writer) bool {
+// IsTerminal reports whether w is a terminal (a character device), where
+// output meant for people (colours, progress) goes.
+func IsTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false
