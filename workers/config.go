@@ -102,9 +102,10 @@ type Config struct {
 	// LeaseTTL is the TTL of the lease on a task's resource, renewed every
 	// LeaseTTL/3 while the task runs. Defaults to 30 s.
 	LeaseTTL time.Duration
-	// BusyDelay is the shortest wait before retrying a task whose resource
-	// is busy; the holder's lease expiry, up to the policy's Delay, is the
-	// hint. Defaults to 1 s.
+	// BusyDelay is the delay before a task is tried again when its
+	// resource could neither be leased nor waited for (the broker did not
+	// answer). A busy, DISABLED or FAULT resource is waited for in its line
+	// instead, holding the delivery. Defaults to 1 s.
 	BusyDelay time.Duration
 	// HTTPClient sends http tasks without a route. Defaults to a client
 	// with Go's default transport.
@@ -171,7 +172,7 @@ type Policy struct {
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
 	// Delay is the wait of a delayed retry that carries no hint (an exec
-	// delay exit code, a busy resource). Defaults to 30 s.
+	// delay exit code). Defaults to 30 s.
 	Delay time.Duration
 	// NoHandlerDelay is the wait of a delayed retry when no handler
 	// answers on gantry.handlers.<type> (a handler restarting). Like every

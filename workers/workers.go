@@ -77,6 +77,11 @@ type Workers struct {
 	consumers []*spec
 	sorters   map[string]*sorter
 
+	// stopping ends when the workers stop taking tasks: the tasks waiting
+	// in line for a resource are handed back at once.
+	stopping     context.Context
+	markStopping context.CancelFunc
+
 	// pub publishes the hot path's audit events and task records without
 	// waiting, and checks their acknowledgements.
 	pub *asyncpub.Publisher
@@ -149,6 +154,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		idle:     make(chan job),
 		quit:     make(chan struct{}),
 	}
+	w.stopping, w.markStopping = context.WithCancel(context.Background())
 	w.consumers = w.specs()
 	w.sorters = map[string]*sorter{}
 	for i := range w.cfg.Queues {
@@ -323,6 +329,7 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 		w.cmu.Lock()
 		w.closing = true
 		w.cmu.Unlock()
+		w.markStopping()
 		for _, cc := range ccs {
 			cc.Stop()
 		}

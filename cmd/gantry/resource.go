@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -35,7 +36,8 @@ move exits 2 naming from and to. DISABLED and FAULT resources cannot be leased.`
 }
 
 // resourceJSON is a resource as `--json` prints it: every field of the
-// contract, present even when empty.
+// contract, present even when empty, then how many wait in line for it and
+// who, next first.
 type resourceJSON struct {
 	ID         string              `json:"id"`
 	State      wire.ResourceState  `json:"state"`
@@ -45,12 +47,15 @@ type resourceJSON struct {
 	LastError  string              `json:"last_error"`
 	UpdatedAt  time.Time           `json:"updated_at"`
 	Reclaim    lease.ReclaimPolicy `json:"reclaim"`
+	Waiting    int                 `json:"waiting"`
+	Waiters    []wire.Waiter       `json:"waiters"`
 }
 
 func toResourceJSON(r lease.Resource) resourceJSON {
 	return resourceJSON{
 		ID: r.ID, State: r.State, LeaseOwner: r.LeaseOwner, LeaseUntil: r.LeaseUntil,
 		RouteID: r.RouteID, LastError: r.LastError, UpdatedAt: r.UpdatedAt, Reclaim: r.Reclaim,
+		Waiting: len(r.Waiters), Waiters: append([]wire.Waiter{}, r.Waiters...),
 	}
 }
 
@@ -69,9 +74,9 @@ func (a *app) printResources(rs []lease.Resource) error {
 		if r.LeaseUntil != nil {
 			until = r.LeaseUntil.Local().Format(time.RFC3339)
 		}
-		rows = append(rows, []string{r.ID, string(r.State), dash(r.LeaseOwner), until, dash(r.RouteID), dash(r.LastError), r.UpdatedAt.Local().Format(time.RFC3339)})
+		rows = append(rows, []string{r.ID, string(r.State), dash(r.LeaseOwner), until, strconv.Itoa(len(r.Waiters)), dash(r.RouteID), dash(r.LastError), r.UpdatedAt.Local().Format(time.RFC3339)})
 	}
-	return a.printTable([]string{"ID", "STATE", "LEASE_OWNER", "LEASE_UNTIL", "ROUTE", "LAST_ERROR", "UPDATED"}, rows)
+	return a.printTable([]string{"ID", "STATE", "LEASE_OWNER", "LEASE_UNTIL", "WAITING", "ROUTE", "LAST_ERROR", "UPDATED"}, rows)
 }
 
 // printResource prints one resource, as a JSON object with --json.
@@ -130,8 +135,11 @@ func (a *app) resourceLsCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "ls",
 		Short: "List resources and their states",
-		Long: `Ls lists every resource. With --json it prints an array of objects with id,
-state, lease_owner, lease_until, route_id, last_error, updated_at and reclaim.`,
+		Long: `Ls lists every resource: its state, its holder with the live expiry of the
+holder's lease, and how many wait in line for it (tasks, 'lease acquire|run
+--wait'). With --json it prints an array of objects with id, state,
+lease_owner, lease_until, route_id, last_error, updated_at, reclaim, waiting
+and waiters (the line, next first: owner, task_id, priority, arrived, ...).`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -149,8 +157,11 @@ state, lease_owner, lease_until, route_id, last_error, updated_at and reclaim.`,
 func (a *app) resourceGetCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "get ID",
-		Short: "Show one resource (exit 4 if unknown)",
-		Args:  exactArgs(1, "a resource id"),
+		Short: "Show one resource and its line (exit 4 if unknown)",
+		Long: `Get shows resource ID as ls does: its state, its holder with the live
+expiry of the holder's lease, how many wait in line for it, and with --json
+who (waiters, next first).`,
+		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			return a.resourceOp(ctx, func(c *client.Client) (lease.Resource, error) { return c.Resource(ctx, args[0]) })

@@ -68,9 +68,9 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.maxAttempts, "max-attempts", 5, "default attempts of a task before NEEDS_REVIEW (a task's max_attempts wins)")
 	fl.DurationVar(&f.backoffBase, "backoff-base", time.Second, "retry n waits min(base*2^(n-1), max) with ±20% jitter")
 	fl.DurationVar(&f.backoffMax, "backoff-max", 5*time.Minute, "longest wait between retries")
-	fl.DurationVar(&f.delay, "delay", 30*time.Second, "wait of a delayed retry without a hint (delay exit code, resource unavailable)")
+	fl.DurationVar(&f.delay, "delay", 30*time.Second, "wait of a delayed retry without a hint (delay exit code)")
 	fl.DurationVar(&f.noHandler, "no-handler-delay", 5*time.Second, "wait before a task no handler answered on gantry.handlers.<type> is tried again; not an attempt, bounded by --max-delays")
-	fl.IntVar(&f.maxDelays, "max-delays", 1000, "delayed retries of one task (busy resource, rate limit, no handler...) before NEEDS_REVIEW")
+	fl.IntVar(&f.maxDelays, "max-delays", 1000, "delayed retries of one task (rate limit, no handler...) before NEEDS_REVIEW")
 	fl.DurationVar(&f.hbWindow, "handler-heartbeat-window", 5*time.Second, "a remote handler that sent a progress heartbeat and then stays silent this long has lost its attempt")
 	fl.DurationVar(&f.timeout, "task-timeout", 10*time.Minute, "default timeout of one attempt (a task's timeout wins)")
 	fl.IntVar(&f.maxPayload, "max-payload", 1<<20, "largest task message in bytes; a larger one is rejected")
@@ -294,9 +294,11 @@ whenever the workers are about to run out.
 
 Failures are classified: retryable ones (non-zero exit, timeout, 5xx, reset)
 wait min(base*2^(n-1), max) with jitter; delayed ones (429/503 Retry-After,
-busy resource, route cooldown, delay exit codes) wait for the hint without
-using up an attempt; permanent ones (bad input, 4xx, fail exit codes, unknown
-type) go to NEEDS_REVIEW at once, as does a task out of attempts.
+route cooldown, delay exit codes) wait for the hint without using up an
+attempt; permanent ones (bad input, 4xx, fail exit codes, unknown
+type) go to NEEDS_REVIEW at once, as does a task out of attempts. A task
+whose resource is busy, DISABLED or FAULT waits in the resource's line,
+keeping its delivery, and starts the moment its turn comes.
 
 Built-in types: noop, exec, http, sql (on the databases of --config). Any
 other type is sent as a request to gantry.handlers.<type>. See
