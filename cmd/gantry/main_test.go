@@ -74,7 +74,7 @@ func startGantry(t testing.TB, args ...string) (*exec.Cmd, logLine) {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			var l logLine
-			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "ready" {
+			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == readyMsg {
 				ready <- l
 			}
 			t.Log(sc.Text())

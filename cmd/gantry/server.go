@@ -97,9 +97,19 @@ func (s *serverFlags) startBroker(ctx context.Context, cfg *config.File, log *sl
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := b.Start(sctx); err != nil {
+		if errors.Is(err, broker.ErrListen) {
+			return nil, listenError("--nats-listen", "NATS_LISTEN", err)
+		}
 		return nil, fmt.Errorf("start broker: %w", err)
 	}
 	return b, nil
+}
+
+// listenError says what to do about an address a listener could not take
+// (exit 2): usually another process holds the port.
+func listenError(flag, makeVar string, err error) error {
+	return usageError("%s: %v\n  another process (a nats-server, another gantry) may hold the port: stop it, "+
+		"or choose a free one with %s HOST:PORT ('make run %s=127.0.0.1:PORT')", flag, err, flag, makeVar)
 }
 
 // components adds a process's components once the broker runs.
