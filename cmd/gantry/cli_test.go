@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"net"
-	"os/exec"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -131,8 +131,8 @@ func runBinary(t *testing.T, args ...string) (code int, stdout, stderr string) {
 func TestCLIConventions(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		args       []string
-		code       int
+		args        []string
+		code        int
 		out, errOut string
 	}{
 		{[]string{"task", "rm", "x"}, exitUsage, "", `unknown command "rm" for "gantry task"`},
