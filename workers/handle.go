@@ -323,9 +323,14 @@ func (d *delivery) lease(ctx context.Context) (*lease.ResourceHolder, bool) {
 		return nil, false
 	}
 	wait = time.Duration(float64(wait) * (1 + 0.2*jitter()))
-	// The task did not run: this delivery is not an attempt.
+	// The task did not run: this delivery is not an attempt. A conflict or
+	// an unavailable resource names the resource already.
 	d.rec.Attempts--
-	d.delay(ctx, wait, wire.TaskWaiting, fmt.Errorf("resource %s: %w", d.rec.Resource, err))
+	var ue *lease.UnavailableError
+	if ce == nil && !errors.As(err, &ue) {
+		err = fmt.Errorf("resource %s: %w", d.rec.Resource, err)
+	}
+	d.delay(ctx, wait, wire.TaskWaiting, err)
 	return nil, false
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -107,5 +108,33 @@ func TestResourceFault(t *testing.T) {
 	}
 	if got, _ := env.Load().(string); got != "printer" {
 		t.Errorf("Task.Resource = %q, want printer", got)
+	}
+}
+
+// TestResourceBusyLastError: a task whose resource someone else holds
+// records why once: "resource cam1 is held by alice until …", not
+// "resource cam1: resource cam1 is held …".
+func TestResourceBusyLastError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := resources(t, b)
+	ctx := context.Background()
+	if _, err := res.Add(ctx, lease.ResourceSpec{ID: "cam1"}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := res.Lease(ctx, "cam1", "alice", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Detach()
+	b.start(t, Config{BusyDelay: time.Minute, Policy: Policy{Delay: time.Minute}}, map[string]Handler{"snap": HandlerFunc(func(context.Context, *Task) error { return nil })})
+	b.publish(t, wire.TaskSubject("", "snap"), `{"id":"busy1","resource":"cam1"}`)
+	b.waitEvents(t, "busy1", wire.EventRetryScheduled, 1, 10*time.Second)
+	rec, _, err := b.tasks.Get(ctx, "busy1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "resource cam1 is held by alice until "; !strings.HasPrefix(rec.LastError, want) {
+		t.Errorf("last_error = %q, want it to start %q", rec.LastError, want)
 	}
 }
