@@ -176,11 +176,27 @@ func (c *Client) Submit(ctx context.Context, t Task) (Submitted, error) {
 	return Submitted{ID: body.ID}, nil
 }
 
+// WaitOption tunes Wait.
+type WaitOption func(*waitSettings)
+
+type waitSettings struct {
+	onUpdate func(TaskRecord)
+}
+
+// OnUpdate has Wait call fn with each record of the task it sees before
+// the last (WAITING, RUNNING, RETRY_WAIT…), from Wait's goroutine: a
+// progress display follows the task with it.
+func OnUpdate(fn func(TaskRecord)) WaitOption { return func(s *waitSettings) { s.onUpdate = fn } }
+
 // Wait watches task id until it ends (SUCCEEDED, NEEDS_REVIEW or
 // CANCELLED) and returns its record. It waits as long as ctx: when ctx
 // ends first, the error matches ErrGaveUp (and ctx's error); the task may
 // still finish.
-func (c *Client) Wait(ctx context.Context, id string) (TaskRecord, error) {
+func (c *Client) Wait(ctx context.Context, id string, opts ...WaitOption) (TaskRecord, error) {
+	var set waitSettings
+	for _, o := range opts {
+		o(&set)
+	}
 	store, err := c.taskStore(ctx)
 	if err != nil {
 		return TaskRecord{}, err
@@ -207,6 +223,9 @@ func (c *Client) Wait(ctx context.Context, id string) (TaskRecord, error) {
 			}
 			if rec.State.Terminal() {
 				return rec, nil
+			}
+			if set.onUpdate != nil {
+				set.onUpdate(rec)
 			}
 		}
 	}

@@ -82,8 +82,9 @@ func (a *app) printRoutes(rs []wire.Route) error {
 }
 
 func (a *app) routeLsCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "ls",
+	var p pageFlags
+	cmd := &cobra.Command{
+		Use:   "ls [--limit N | --all]",
 		Short: "List the egress routes with their state, score and counters",
 		Long: `Ls prints every route in gantry_routes. With --json it prints an array of
 objects with id, state, score, latency_ms, consecutive_successes,
@@ -92,16 +93,21 @@ proxy (password redacted), recent_timeouts, last_error_kind and
 cooldown_streak.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := p.check(); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			return a.withClient(ctx, "gantry-route", func(c *client.Client) error {
 				rs, err := c.Routes(ctx)
 				if err != nil {
 					return err
 				}
-				return a.printRoutes(rs)
+				return a.printRoutes(page(a, p, rs, "routes", false))
 			})
 		},
 	}
+	p.register(cmd.Flags(), "routes")
+	return cmd
 }
 
 // probeWait is how long 'route probe' waits for healthd unless --timeout is

@@ -35,7 +35,7 @@ func New(w io.Writer, format Format, level string) (*slog.Logger, error) {
 	}
 	switch format {
 	case FormatAuto, "":
-		if isTerminal(w) {
+		if IsTerminal(w) {
 			format = FormatText
 		} else {
 			format = FormatJSON
@@ -48,7 +48,7 @@ func New(w io.Writer, format Format, level string) (*slog.Logger, error) {
 		return slog.New(tint.NewTextHandler(w, &tint.Options{
 			Level:       lvl,
 			TimeFormat:  time.TimeOnly,
-			NoColor:     !isTerminal(w),
+			NoColor:     !IsTerminal(w),
 			ReplaceAttr: durations(clock.Round),
 		})), nil
 	}
@@ -71,7 +71,9 @@ func durations(round func(time.Duration) time.Duration) func([]string, slog.Attr
 	}
 }
 
-func isTerminal(w io.Writer) bool {
+// IsTerminal reports whether w is a terminal (a character device), where
+// people read: colours, progress lines.
+func IsTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false
