@@ -115,11 +115,12 @@ func listenError(flag, makeVar string, err error) error {
 // components adds a process's components once the broker runs.
 type components func(p *process, b *broker.Broker, cfg *config.File, log *slog.Logger) error
 
-// serve runs a process that embeds the broker: it loads the config, starts
-// the broker, adds the signal handler, HTTP and the components, and runs
-// them until a signal. The broker starts before the group and stops after
-// every actor has returned, so shutdown never depends on interrupt order.
-func (a *app) serve(ctx context.Context, sf *serverFlags, add components) error {
+// serve runs a process that embeds the broker: it loads the config (of
+// which it uses the sections named in uses), starts the broker, adds the
+// signal handler, HTTP and the components, and runs them until a signal.
+// The broker starts before the group and stops after every actor has
+// returned, so shutdown never depends on interrupt order.
+func (a *app) serve(ctx context.Context, sf *serverFlags, uses []string, add components) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
@@ -128,6 +129,7 @@ func (a *app) serve(ctx context.Context, sf *serverFlags, add components) error 
 	if err != nil {
 		return err
 	}
+	logSections(log, sf.configPath, cfg, uses...)
 	b, err := sf.startBroker(ctx, cfg, log)
 	if err != nil {
 		return err
