@@ -82,3 +82,49 @@ func TestListPaging(t *testing.T) {
 		}
 	}
 }
+
+// TestJobLsStatus: 'job ls' shows what the schedulers make of each job (a
+// rejected one with its reason, one written without a queue on the
+// default queue) and a NEXT inside the job's window; 'job next' previews.
+func TestJobLsStatus(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	ctx := context.Background()
+	kv, err := env.JS.KeyValue(ctx, wire.BucketJobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, val := range map[string]string{
+		"noqueue": `{"type":"noop","every":"1m"}`,
+		"wrong":   `{"type":"noop","every":"1.5s"}`,
+		"night":   `{"type":"noop","every":"10s","windows":["06:00-06:01"],"timezone":"Europe/Berlin"}`,
+	} {
+		if _, err := kv.PutString(ctx, key, val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, stderr := runBinary(t, "job", "ls", "--server", env.URL)
+	if code != exitOK {
+		t.Fatalf("job ls = exit %d (%s)", code, stderr)
+	}
+	rows := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			rows[f[0]] = l
+		}
+	}
+	if !strings.Contains(rows["noqueue"], "default/noop") || !strings.Contains(rows["noqueue"], " active ") {
+		t.Errorf("noqueue row = %q, want default/noop, active", rows["noqueue"])
+	}
+	if !strings.Contains(rows["wrong"], "rejected: invalid job") || !strings.Contains(rows["wrong"], `every "1.5s" must be`) {
+		t.Errorf("wrong row = %q, want rejected with the reason", rows["wrong"])
+	}
+	if !strings.Contains(rows["night"], "T06:00:") || !strings.Contains(rows["night"], "+01:00") {
+		t.Errorf("night row = %q, want NEXT at 06:00 Berlin time", rows["night"])
+	}
+	code, out, stderr = runBinary(t, "job", "next", "night", "--count", "7", "--server", env.URL)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != exitOK || len(lines) != 8 || !strings.Contains(lines[7], "T06:00:00+01:00") {
+		t.Errorf("job next night --count 7 = exit %d, %q (%s); want 7 fires, the 7th at 06:00 the next day", code, out, stderr)
+	}
+}
