@@ -115,14 +115,18 @@ cooldown_streak.`,
 const probeWait = 30 * time.Second
 
 func (a *app) routeProbeCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "probe ID",
+	var apply bool
+	cmd := &cobra.Command{
+		Use:   "probe ID [--apply]",
 		Short: "Probe a route now, through healthd, and print the result",
 		Long: `Probe asks healthd (over the gantry.api.route.probe service, so it works from
-any machine) to probe route ID at once, records the result like any probe
-(a success ends a cooldown) and prints it with the route's new state. It
-exits 0 when the probe succeeded, 1 when it failed or no healthd answered,
-4 when healthd has no route ID. It waits up to 30s unless --timeout is given.`,
+any machine) to probe route ID at once and prints the result with the
+route's state. The probe only reports: the route's counters, cooldown and
+probe schedule stay as they were. With --apply healthd records it like a
+scheduled probe (a success ends a cooldown, a failure counts and may start
+or lengthen one). It exits 0 when the probe succeeded, 1 when it failed or
+no healthd answered, 4 when healthd has no route ID. It waits up to 30s
+unless --timeout is given.`,
 		Args: exactArgs(1, "a route id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			wait := probeWait
@@ -132,7 +136,11 @@ exits 0 when the probe succeeded, 1 when it failed or no healthd answered,
 			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
 			defer cancel()
 			return a.withClient(ctx, "gantry-route", func(c *client.Client) error {
-				probe, err := c.ProbeRoute(ctx, args[0])
+				var opts []client.ProbeOption
+				if apply {
+					opts = append(opts, client.ApplyProbe())
+				}
+				probe, err := c.ProbeRoute(ctx, args[0], opts...)
 				if err != nil {
 					return err
 				}
@@ -146,6 +154,8 @@ exits 0 when the probe succeeded, 1 when it failed or no healthd answered,
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&apply, "apply", false, "record the outcome like a scheduled probe (it may end or start a cooldown)")
+	return cmd
 }
 
 func (a *app) printProbe(reply client.RouteProbe) error {
