@@ -108,9 +108,7 @@ func (a *app) connectComponent(ctx context.Context, log *slog.Logger, cf *compon
 	if err != nil {
 		return nil, nil, connectHint(fmt.Errorf("connect to %s: %w", a.client.server, err))
 	}
-	select {
-	case <-connected:
-	default:
+	if !nc.IsConnected() {
 		log.Info("waiting for the broker", "server", a.client.server, "connect_timeout", cf.connectTimeout)
 		var timeout <-chan time.Time
 		if cf.connectTimeout > 0 {
