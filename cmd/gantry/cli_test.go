@@ -111,7 +111,14 @@ func TestProcessAbort(t *testing.T) {
 // output.
 func runBinary(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
+	return runBinaryEnv(t, nil, args...)
+}
+
+// runBinaryEnv is runBinary with env added to the child's environment.
+func runBinaryEnv(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
 	cmd := gantryCmd(t, args...)
+	cmd.Env = append(cmd.Env, env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -126,5 +128,42 @@ func TestJobLsStatus(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if code != exitOK || len(lines) != 8 || !strings.Contains(lines[7], "T06:00:00+01:00") {
 		t.Errorf("job next night --count 7 = exit %d, %q (%s); want 7 fires, the 7th at 06:00 the next day", code, out, stderr)
+	}
+}
+
+// TestNATSContext: client commands connect with the nats CLI's context
+// (--context, or the one selected), and explicit flags win over it.
+func TestNATSContext(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "nats", "context"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, "nats", name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("context/plant.json", fmt.Sprintf(`{"description":"test broker","url":%q}`, env.URL))
+	write("context/nowhere.json", `{"url":"nats://127.0.0.1:1"}`)
+	xdg := []string{"XDG_CONFIG_HOME=" + dir, "NATS_URL=", "NATS_CONTEXT="}
+
+	if code, _, stderr := runBinaryEnv(t, xdg, "resource", "ls", "--context", "plant"); code != exitOK {
+		t.Errorf("resource ls --context plant = exit %d (%s), want 0", code, stderr)
+	}
+	if code, _, stderr := runBinaryEnv(t, xdg, "resource", "ls", "--context", "plant", "--server", "nats://127.0.0.1:1", "--timeout", "1s"); code != exitFailure {
+		t.Errorf("resource ls --context plant --server elsewhere = exit %d (%s), want 1: the flag wins", code, stderr)
+	}
+	if code, _, stderr := runBinaryEnv(t, xdg, "resource", "ls", "--context", "nope"); code != exitNotFound || !strings.Contains(stderr, `unknown nats context "nope"`) {
+		t.Errorf("resource ls --context nope = exit %d (%s), want 4 naming the context", code, stderr)
+	}
+	// The selected context applies without --context; NATS_CONTEXT names one.
+	write("context.txt", "plant")
+	if code, _, stderr := runBinaryEnv(t, xdg, "resource", "ls"); code != exitOK {
+		t.Errorf("resource ls with plant selected = exit %d (%s), want 0", code, stderr)
+	}
+	if code, _, _ := runBinaryEnv(t, append(xdg, "NATS_CONTEXT=nowhere"), "resource", "ls", "--timeout", "1s"); code != exitFailure {
+		t.Errorf("resource ls with NATS_CONTEXT=nowhere = exit %d, want 1", code)
 	}
 }

@@ -54,6 +54,8 @@ Start everything in one process with 'gantry run'.`,
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError("%v", err) })
+	// The nats CLI's context fills the connection flags not given.
+	root.PersistentPreRunE = func(*cobra.Command, []string) error { return a.client.applyContext() }
 	pf := root.PersistentFlags()
 	a.client.register(pf)
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of tables")
