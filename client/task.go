@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -303,7 +304,8 @@ func (c *Client) RetryTask(ctx context.Context, id string) (TaskRecord, error) {
 	if rec.Message == nil {
 		return TaskRecord{}, fmt.Errorf("%w: task %s: its message was not kept; publish it again", ErrInvalid, id)
 	}
-	msg, err := requeueMsg(id, rec.Message)
+	run := max(rec.Run, 1) + 1
+	msg, err := requeueMsg(id, rec.Message, run)
 	if err != nil {
 		return TaskRecord{}, fmt.Errorf("%w: task %s was rejected as malformed (%s): publish a corrected task instead", ErrInvalid, id, rec.LastError)
 	}
@@ -312,6 +314,7 @@ func (c *Client) RetryTask(ctx context.Context, id string) (TaskRecord, error) {
 	rec.State, rec.Attempts, rec.Deliveries, rec.Delays = wire.TaskWaiting, 0, 0, 0
 	rec.Message, rec.RetryAt, rec.Output = nil, nil, ""
 	rec.LastError = "retried by an operator; before: " + last
+	rec.Run = run
 	rec.UpdatedAt = time.Now().UTC()
 	if rev, err = store.Update(ctx, rec, rev); err != nil {
 		return TaskRecord{}, err
@@ -334,16 +337,17 @@ func (c *Client) RetryTask(ctx context.Context, id string) (TaskRecord, error) {
 		return TaskRecord{}, err
 	}
 	if err := c.em.Emit(ctx, wire.Event{Type: wire.EventRetryScheduled, TaskID: id, ResourceID: rec.Resource,
-		Message: "retried by an operator", Payload: audit.Payload(map[string]any{"class": "operator", "seq": ack.Sequence})}); err != nil {
+		Message: "retried by an operator", Payload: audit.Payload(map[string]any{"class": "operator", "seq": ack.Sequence, "run": run})}); err != nil {
 		return TaskRecord{}, err
 	}
 	return rec, nil
 }
 
-// requeueMsg rebuilds a kept task message for a retry, its id in the body
-// and its publisher's headers kept. It carries no Nats-Msg-Id: the stream
-// would drop it as a duplicate of the first publish within its window.
-func requeueMsg(id string, kept *wire.StoredMessage) (*nats.Msg, error) {
+// requeueMsg rebuilds a kept task message for a retry, its id in the body,
+// its publisher's headers kept and its run numbered. It carries no
+// Nats-Msg-Id: the stream would drop it as a duplicate of the first
+// publish within its window.
+func requeueMsg(id string, kept *wire.StoredMessage, run int) (*nats.Msg, error) {
 	queue, typ, err := wire.ParseTaskSubject(kept.Subject)
 	if err != nil {
 		return nil, err
@@ -366,6 +370,7 @@ func requeueMsg(id string, kept *wire.StoredMessage) (*nats.Msg, error) {
 	}
 	msg.Header.Del(jetstream.MsgIDHeader)
 	msg.Header.Set(wire.HeaderCreated, "1")
+	msg.Header.Set(wire.HeaderRun, strconv.Itoa(run))
 	return msg, nil
 }
 
@@ -436,7 +441,7 @@ func (c *Client) CancelTask(ctx context.Context, id string) (Cancelled, error) {
 			return Cancelled{}, err
 		}
 		if err := c.em.Emit(ctx, wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, Message: "task cancelled",
-			Payload: audit.Payload(map[string]any{"state": wire.TaskCancelled, "attempts": rec.Attempts})}); err != nil {
+			Payload: audit.Payload(map[string]any{"state": wire.TaskCancelled, "attempts": rec.Attempts, "run": max(rec.Run, 1)})}); err != nil {
 			return Cancelled{}, err
 		}
 	}

@@ -144,6 +144,7 @@ func appendTaskRecord(b []byte, r *TaskRecord) ([]byte, bool) {
 	}
 	b = appendString(b, `,"worker":"`, r.Worker)
 	b = appendString(b, `,"output":"`, r.Output)
+	b = appendInt(b, `,"run":`, r.Run)
 	return append(b, '}'), true
 }
 

@@ -48,7 +48,7 @@ func FuzzEncodeTaskRecord(f *testing.F) {
 		at := time.Unix(0, ns).In(time.FixedZone("X", -7200))
 		r := TaskRecord{TaskInfo: TaskInfo{ID: "t-1", Type: "noop", Queue: "default", State: TaskState(state),
 			Attempts: n, LastError: lastError, Resource: worker, CreatedAt: at, UpdatedAt: at.UTC()},
-			Deliveries: n, Delays: -n, MaxAttempts: n, Priority: n, Key: lastError, Seq: seq, Worker: worker, Output: lastError}
+			Deliveries: n, Delays: -n, MaxAttempts: n, Priority: n, Key: lastError, Seq: seq, Worker: worker, Output: lastError, Run: n}
 		if times {
 			r.NotBefore, r.RetryAt = &at, &r.UpdatedAt
 		}
