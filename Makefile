@@ -13,7 +13,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo deve
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: help build run test bench lint cross tidy-check fmt-check vet
+.PHONY: help build run test bench lint cross tidy-check fmt-check vet tools
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-z-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -24,8 +24,13 @@ build: ## build bin/gantry
 run: build ## start the whole system in one process with the example config (NATS_LISTEN=, HTTP_LISTEN= to move it)
 	./$(BIN) run --config $(CONFIG) --data $(DATA) --nats-listen $(NATS_LISTEN) --http-listen $(HTTP_LISTEN)
 
-test: fmt-check vet tidy-check ## gofmt check, go vet, go test -race, go mod tidy check
+test: fmt-check vet tidy-check bin/nats ## gofmt check, go vet, go test -race, go mod tidy check
 	$(GO) test -race -count=1 -timeout 9m $(PKGS)
+
+tools: bin/nats ## install the nats CLI into bin/ (the docs test runs the docs' nats lines with it)
+
+bin/nats:
+	GOBIN=$(CURDIR)/bin $(GO) install github.com/nats-io/natscli/nats@v0.5.0
 
 bench: ## run the benchmarks (numbers go in docs/BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -137,6 +138,9 @@ func (a *app) submit(ctx context.Context, typ string, f *submitFlags) error {
 		prog := startProgress(a.stderr, !a.json && logging.IsTerminal(a.stderr), sub.ID, 100*time.Millisecond)
 		rec, err := c.Wait(ctx, sub.ID, client.OnUpdate(prog.update))
 		prog.end()
+		if errors.Is(err, client.ErrGaveUp) && f.waitTimeout > 0 {
+			return withCode(exitWaitTimeout, fmt.Errorf("task %s has not ended within --wait-timeout %v; it goes on ('gantry task get %s')", sub.ID, f.waitTimeout, sub.ID))
+		}
 		if err != nil {
 			return err
 		}
