@@ -109,7 +109,8 @@ func TestSplitComponents(t *testing.T) {
 	data := t.TempDir()
 
 	worker := watchGantry(t, "worker", "--server", url, "--config", cfg, "--connect-timeout", "30s")
-	worker.wait(t, 10*time.Second, "waiting for the broker", "server", url)
+	// Durations read as Go durations in the JSON log, not nanoseconds.
+	worker.wait(t, 10*time.Second, "waiting for the broker", "server", url, "connect_timeout", "30s")
 
 	broker := watchGantry(t, "broker", "--nats-listen", addr, "--http-listen", "", "--data", data, "--config", cfg)
 	broker.wait(t, 10*time.Second, readyMsg)
