@@ -359,13 +359,3 @@ func (s *Spec) Fires(t time.Time, n int) []Fire {
 	}
 	return out
 }
-
-// NextFire returns the moment j next fires after t, jitter included and
-// planned times outside its windows passed over (zero when it has none).
-func NextFire(j wire.Job, t time.Time) (time.Time, error) {
-	s, err := Compile(j)
-	if err != nil {
-		return time.Time{}, err
-	}
-	return s.NextInWindow(t).At, nil
-}
