@@ -13,7 +13,9 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo deve
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: help build run test bench lint cross tidy-check fmt-check vet tools
+NODE_EXAMPLES ?= examples/handlers/node
+
+.PHONY: help build run test bench lint cross tidy-check fmt-check vet tools node-examples
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-z-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -24,7 +26,7 @@ build: ## build bin/gantry
 run: build ## start the whole system in one process with the example config (NATS_LISTEN=, HTTP_LISTEN= to move it)
 	./$(BIN) run --config $(CONFIG) --data $(DATA) --nats-listen $(NATS_LISTEN) --http-listen $(HTTP_LISTEN)
 
-test: fmt-check vet tidy-check bin/nats ## gofmt check, go vet, go test -race, go mod tidy check
+test: fmt-check vet tidy-check node-examples bin/nats ## gofmt check, go vet, go mod tidy check, the Node example's modules, the nats CLI, go test -race
 	$(GO) test -race -count=1 -timeout 9m $(PKGS)
 
 tools: bin/nats ## install the nats CLI into bin/ (the docs test runs the docs' nats lines with it)
@@ -36,6 +38,15 @@ bench: ## run the benchmarks (numbers go in docs/BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
 
 lint: fmt-check vet ## gofmt check and go vet
+
+node-examples: ## install the Node handler example's modules (npm ci) for its tests; in CI a missing npm fails
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --prefix $(NODE_EXAMPLES) --no-audit --no-fund --loglevel=error; \
+	elif [ -n "$$CI" ]; then \
+		echo "npm is missing: the Node handler example cannot be tested (install node and npm)"; exit 1; \
+	else \
+		echo "npm is missing: the Node handler example tests will be SKIPPED (install node and npm)"; \
+	fi
 
 fmt-check: ## fail if any file is not gofmt'ed
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \

@@ -432,7 +432,7 @@ func (c *Client) CancelTask(ctx context.Context, id string) (Cancelled, error) {
 			return Cancelled{}, fmt.Errorf("remove task message: %w", err)
 		}
 	}
-	if err := c.em.Emit(ctx, wire.Event{Type: wire.EventTaskCancelled, TaskID: id, ResourceID: rec.Resource,
+	if err := c.em.Emit(ctx, wire.Event{Type: wire.EventTaskCancelled, TaskID: id, ResourceID: rec.Resource, JobID: rec.Job,
 		Message: "cancelled by an operator", Payload: audit.Payload(map[string]any{"was": was})}); err != nil {
 		return Cancelled{}, err
 	}
@@ -440,7 +440,7 @@ func (c *Client) CancelTask(ctx context.Context, id string) (Cancelled, error) {
 		if _, err := store.Update(ctx, rec, rev); err != nil && !errors.Is(err, tasks.ErrChanged) {
 			return Cancelled{}, err
 		}
-		if err := c.em.Emit(ctx, wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, Message: "task cancelled",
+		if err := c.em.Emit(ctx, wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, JobID: rec.Job, Message: "task cancelled",
 			Payload: audit.Payload(map[string]any{"state": wire.TaskCancelled, "attempts": rec.Attempts, "run": max(rec.Run, 1)})}); err != nil {
 			return Cancelled{}, err
 		}

@@ -85,7 +85,7 @@ type Picker struct {
 	nc    *nats.Conn
 
 	mu         sync.Mutex
-	transports map[string]*http.Transport
+	transports map[string]*Transport
 
 	// watch keeps cache, the live view of gantry_routes "auto" picks from.
 	watch     jetstream.KeyWatcher
@@ -114,7 +114,7 @@ func NewPicker(ctx context.Context, cfg PickerConfig, nc *nats.Conn, js jetstrea
 		return nil, err
 	}
 	p := &Picker{
-		cfg: cfg, store: store, nc: nc, transports: map[string]*http.Transport{},
+		cfg: cfg, store: store, nc: nc, transports: map[string]*Transport{},
 		cache: map[string]wire.Route{}, followed: make(chan struct{}),
 	}
 	wctx, cancel := context.WithCancel(context.Background())

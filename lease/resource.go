@@ -130,7 +130,11 @@ func NewResources(js jetstream.JetStream, cfg ResourcesConfig) (*Resources, erro
 	if err != nil {
 		return nil, fmt.Errorf("new resources: bucket %s: %w", cfg.Bucket, err)
 	}
-	return &Resources{kv: kv, leases: cfg.Leases, ev: newEvents(cfg.Audit, js, cfg.Logger), clock: cfg.Clock, log: cfg.Logger}, nil
+	ev, err := newEvents(cfg.Audit, js, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("new resources: %w", err)
+	}
+	return &Resources{kv: kv, leases: cfg.Leases, ev: ev, clock: cfg.Clock, log: cfg.Logger}, nil
 }
 
 // Leases returns the lease store the resources are leased through.

@@ -193,11 +193,7 @@ func TestMisfirePolicies(t *testing.T) {
 			if _, err := b.jobs.Create(context.Background(), j); err != nil {
 				t.Fatal(err)
 			}
-			f, err := b.st.PutStateAsync(wire.JobState{Job: "m", LastPlanned: t0.Add(-10 * time.Minute)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			<-f.Ok()
+			b.putState(wire.JobState{Job: "m", LastPlanned: t0.Add(-10 * time.Minute)})
 			b.start(Config{}, true)
 			// Missed: 09:51 .. 09:59 (older than the 1m threshold); 10:00
 			// is on time.
@@ -510,11 +506,7 @@ func TestMisfireSummary(t *testing.T) {
 	if _, err := b.jobs.Create(context.Background(), j); err != nil {
 		t.Fatal(err)
 	}
-	f, err := b.st.PutStateAsync(wire.JobState{Job: "long", LastPlanned: t0.Add(-200 * time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-f.Ok()
+	b.putState(wire.JobState{Job: "long", LastPlanned: t0.Add(-200 * time.Minute)})
 	b.start(Config{}, true)
 	// 199 missed (t0-199m .. t0-1m): 100 events, then one summary.
 	ev := b.waitEvents(wire.EventJobMissed, maxMissedEvents+1)
@@ -539,11 +531,7 @@ func TestMisfireOnceAfterShortDowntime(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Last fired at 09:58:30, back at 10:00:04: 09:58:40 .. 10:00:00 missed.
-	f, err := b.st.PutStateAsync(wire.JobState{Job: "tick", LastPlanned: t0.Add(-90 * time.Second)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-f.Ok()
+	b.putState(wire.JobState{Job: "tick", LastPlanned: t0.Add(-90 * time.Second)})
 	b.clk.Advance(4 * time.Second)
 	b.start(Config{}, true)
 	got := b.waitTasks(1)

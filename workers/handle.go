@@ -1,8 +1,10 @@
 package workers
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -16,6 +18,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/asyncpub"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/lease"
@@ -71,9 +74,10 @@ type (
 		Worker  string `json:"worker"`
 	}
 	finishedPayload struct {
-		Attempts int            `json:"attempts"`
-		Run      int            `json:"run"`
-		State    wire.TaskState `json:"state"`
+		Attempts int             `json:"attempts"`
+		Result   json.RawMessage `json:"result,omitempty"`
+		Run      int             `json:"run"`
+		State    wire.TaskState  `json:"state"`
 	}
 )
 
@@ -130,6 +134,11 @@ func (d *delivery) run(ctx context.Context) {
 		queue, typ = d.sp.queue.Name, "unknown"
 	}
 	task, decErr := DecodeTask(m.Data(), w.cfg.MaxPayload)
+	if decErr != nil {
+		// A rejected task keeps the id its publisher gave it, so that it
+		// can be found by it.
+		task.ID = publishedID(m.Data())
+	}
 	d.task = task
 	msgID, created, intakeSeq, sorted := origin(m.Subject(), m.Headers(), meta.Timestamp, meta.Sequence.Stream)
 	id := taskID(task, msgID, created, intakeSeq)
@@ -138,6 +147,7 @@ func (d *delivery) run(ctx context.Context) {
 			Resource: task.Resource, CreatedAt: created, UpdatedAt: now},
 		Deliveries: int(meta.NumDelivered), MaxAttempts: task.MaxAttempts, Priority: task.Priority,
 		Key: task.Key, NotBefore: task.NotBefore, Seq: meta.Sequence.Stream, Worker: w.cfg.Name,
+		Job: jobOf(m.Headers()),
 		Run: runOf(m.Headers()),
 	}
 	if decErr == nil && err != nil {
@@ -163,6 +173,7 @@ func (d *delivery) run(ctx context.Context) {
 		prev, _, err := w.tasks.Get(ctx, id)
 		switch {
 		case errors.Is(err, tasks.ErrNotFound):
+			d.lostAttempts(wire.TaskRecord{})
 		case err != nil:
 			w.log.Warn("read task state", "task_id", id, "err", err)
 			d.nak(time.Second)
@@ -179,10 +190,13 @@ func (d *delivery) run(ctx context.Context) {
 				d.term("already in NEEDS_REVIEW")
 				return
 			case wire.TaskCancelled:
+				job := d.rec.Job
 				d.rec = prev
+				d.rec.Job = cmp.Or(prev.Job, job)
 				d.finishCancelled(ctx)
 				return
 			}
+			d.lostAttempts(prev)
 		}
 	}
 
@@ -194,7 +208,7 @@ func (d *delivery) run(ctx context.Context) {
 			return
 		}
 		if owner != id {
-			w.emitAsync(wire.Event{Type: wire.EventTaskRejected, Level: wire.LevelInfo, TaskID: id,
+			d.emit(wire.Event{Type: wire.EventTaskRejected, Level: wire.LevelInfo,
 				Message: fmt.Sprintf("duplicate: key %q belongs to task %s", task.Key, owner),
 				Payload: audit.Payload(map[string]any{"key": task.Key, "duplicate_of": owner})})
 			d.term("duplicate key")
@@ -222,7 +236,7 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	id := d.rec.ID
 	first := attempt == 1 && d.meta.NumDelivered == 1
 	if first && m.Headers().Get(wire.HeaderCreated) == "" {
-		w.emitAsync(wire.Event{Type: wire.EventTaskCreated, TaskID: id, ResourceID: d.rec.Resource,
+		d.emit(wire.Event{Type: wire.EventTaskCreated,
 			Message: "task received", Payload: audit.Payload(createdPayload{Queue: d.rec.Queue, Seq: d.rec.Seq, Type: d.rec.Type})})
 	}
 	tctx, cancel := context.WithCancelCause(ctx)
@@ -240,7 +254,7 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 		defer stop()
 	}
 
-	w.emitAsync(wire.Event{Type: wire.EventTaskStarted, TaskID: id, ResourceID: d.rec.Resource,
+	d.emit(wire.Event{Type: wire.EventTaskStarted,
 		Message: "task started", Payload: audit.Payload(startedPayload{Attempt: attempt, Type: d.rec.Type, Worker: w.cfg.Name})})
 
 	start := time.Now()
@@ -260,12 +274,11 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 		rec.UpdatedAt = w.cfg.Clock.Now()
 		rec.RetryAt = nil
 		m, err := w.tasks.PutMsg(rec)
-		if err == nil {
-			err = w.pipe.publish(m, "", nil)
-		}
 		if err != nil {
 			w.log.Warn("write task state", "task_id", rec.ID, "state", rec.State, "err", err)
+			return
 		}
+		w.pub.Publish(m, "")
 	})
 	defer runningTimer.Stop()
 
@@ -278,9 +291,13 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	})
 	defer hb.stop()
 
+	live := w.newLiveOutput(id, attempt, d.task.Payload)
+	untrackOutput := w.trackOutput(id, live)
+	defer untrackOutput()
 	t := &Task{ID: id, Type: d.rec.Type, Queue: d.rec.Queue, Attempt: attempt, Payload: d.task.Payload,
-		Resource: d.rec.Resource, Deadline: deadline, cps: w.cps}
+		Resource: d.rec.Resource, Deadline: deadline, cps: w.cps, live: live}
 	err := d.call(tctx, t)
+	live.close()
 	// The attempt has ended: no RUNNING write from now on, and the one
 	// under way (it reads d.rec) is over before d.rec changes.
 	d.mu.Lock()
@@ -298,7 +315,7 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 			}
 		}
 	}
-	d.rec.Output = t.Output()
+	d.rec.Output = redactOutput(t.Output(), d.task.Payload)
 	w.log.Debug("attempt ended", "task_id", id, "attempt", attempt, "duration", time.Since(start), "err", err)
 	if holder != nil {
 		if ferr := holder.Finish(context.WithoutCancel(ctx), lease.OutcomeOf(err)); ferr != nil {
@@ -378,6 +395,11 @@ func (d *delivery) settle(ctx context.Context, t *Task, err error) {
 		if hint <= 0 {
 			hint = d.pol.Delay
 		}
+		if errors.Is(err, ErrNoHandler) {
+			// No handler saw the task: this delivery is not an attempt.
+			hint = d.pol.NoHandlerDelay
+			d.rec.Attempts--
+		}
 		d.delay(ctx, hint, wire.TaskRetryWait, err)
 	default:
 		if d.rec.Attempts >= d.pol.MaxAttempts {
@@ -389,8 +411,11 @@ func (d *delivery) settle(ctx context.Context, t *Task, err error) {
 		d.rec.State = wire.TaskRetryWait
 		d.rec.RetryAt = &at
 		d.write(ctx)
-		d.w.emitAsync(wire.Event{Type: wire.EventRetryScheduled, Level: wire.LevelWarn, TaskID: d.rec.ID, ResourceID: d.rec.Resource,
-			Message: d.rec.LastError, Payload: audit.Payload(map[string]any{"attempt": d.rec.Attempts, "class": c.String(), "delay": wait.String(), "retry_at": at})})
+		p := map[string]any{"attempt": d.rec.Attempts, "class": c.String(), "delay": wait.String(), "retry_at": at}
+		if errors.Is(err, ErrHandlerSilent) {
+			p["reason"] = wire.ReasonHandlerSilent
+		}
+		d.emit(wire.Event{Type: wire.EventRetryScheduled, Level: wire.LevelWarn, Message: d.rec.LastError, Payload: audit.Payload(p)})
 		d.nak(wait)
 	}
 }
@@ -404,9 +429,10 @@ func (d *delivery) succeed(ctx context.Context, t *Task) {
 	d.rec.State = wire.TaskSucceeded
 	d.rec.LastError = ""
 	d.rec.RetryAt = nil
+	d.rec.Result = t.Result()
 	d.write(ctx)
-	d.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: d.rec.ID, ResourceID: d.rec.Resource, Message: "task succeeded",
-		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Run: max(d.rec.Run, 1), State: wire.TaskSucceeded})})
+	d.emit(wire.Event{Type: wire.EventTaskFinished, Message: "task succeeded",
+		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Result: d.rec.Result, Run: max(d.rec.Run, 1), State: wire.TaskSucceeded})})
 	d.ack()
 }
 
@@ -423,9 +449,11 @@ func (d *delivery) delay(ctx context.Context, wait time.Duration, state wire.Tas
 	d.rec.LastError = reason.Error()
 	// The next delivery reads Delays: the write must land before the nak.
 	d.write(ctx)
-	d.w.emitAsync(wire.Event{Type: wire.EventRetryScheduled, TaskID: d.rec.ID, ResourceID: d.rec.Resource,
-		Message: reason.Error(), Payload: audit.Payload(map[string]any{"attempt": d.rec.Attempts, "class": ClassDelay.String(),
-			"delay": wait.String(), "retry_at": at, "delays": d.rec.Delays})})
+	p := map[string]any{"attempt": d.rec.Attempts, "class": ClassDelay.String(), "delay": wait.String(), "retry_at": at, "delays": d.rec.Delays}
+	if errors.Is(reason, ErrNoHandler) {
+		p["reason"] = wire.ReasonNoHandler
+	}
+	d.emit(wire.Event{Type: wire.EventRetryScheduled, Message: reason.Error(), Payload: audit.Payload(p)})
 	d.nak(wait)
 }
 
@@ -445,7 +473,7 @@ func (d *delivery) finishCancelled(ctx context.Context) {
 	d.rec.State = wire.TaskCancelled
 	d.rec.RetryAt = nil
 	d.write(ctx)
-	d.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: d.rec.ID, ResourceID: d.rec.Resource, Message: "task cancelled",
+	d.emit(wire.Event{Type: wire.EventTaskFinished, Message: "task cancelled",
 		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Run: max(d.rec.Run, 1), State: wire.TaskCancelled})})
 	d.term("cancelled")
 }
@@ -454,7 +482,7 @@ func (d *delivery) finishCancelled(ctx context.Context) {
 // task to NEEDS_REVIEW with the reason, the message removed.
 func (d *delivery) reject(ctx context.Context, reason error) {
 	d.w.log.Warn("task rejected", "task_id", d.rec.ID, "subject", d.msg.Subject(), "err", reason)
-	d.w.emitAsync(wire.Event{Type: wire.EventTaskRejected, Level: wire.LevelWarn, TaskID: d.rec.ID, Message: reason.Error(),
+	d.emit(wire.Event{Type: wire.EventTaskRejected, Level: wire.LevelWarn, Message: reason.Error(),
 		Payload: audit.Payload(map[string]any{"subject": d.msg.Subject(), "seq": d.rec.Seq, "size": len(d.msg.Data())})})
 	d.rec.Attempts = 0
 	d.rec.LastError = "rejected: " + reason.Error()
@@ -463,6 +491,47 @@ func (d *delivery) reject(ctx context.Context, reason error) {
 	}
 	d.w.needsReviewRecord(ctx, d.rec)
 	d.term(reason.Error())
+}
+
+// emit publishes ev about the delivery's task, stamped with its id, its
+// resource and the job that fired it.
+func (d *delivery) emit(ev wire.Event) {
+	ev.TaskID, ev.ResourceID, ev.JobID = d.rec.ID, d.rec.Resource, d.rec.Job
+	d.w.emitAsync(ev)
+}
+
+// lostAttempts emits ATTEMPT_LOST when deliveries before this one ended
+// without an outcome (their worker stopped or died while the task ran),
+// as prev, the task's record, tells: every outcome is written with the
+// delivery count, a RUNNING record is not an outcome.
+func (d *delivery) lostAttempts(prev wire.TaskRecord) {
+	n := int(d.meta.NumDelivered)
+	recorded := prev.Deliveries
+	if prev.State == wire.TaskRunning {
+		recorded--
+	}
+	lost := n - 1 - recorded
+	if n <= 1 || lost <= 0 {
+		return
+	}
+	attempt := n - 1 - prev.Delays
+	p := map[string]any{"attempt": attempt, "lost": lost}
+	if prev.State != "" {
+		p["state"] = prev.State
+	}
+	if prev.State == wire.TaskRunning && prev.Worker != "" {
+		p["worker"] = prev.Worker
+	}
+	d.emit(wire.Event{Type: wire.EventAttemptLost, Level: wire.LevelWarn, Payload: audit.Payload(p),
+		Message: fmt.Sprintf("attempt %d ended without an outcome: its worker stopped or died while it ran", attempt)})
+}
+
+// jobOf is the job a task message says fired it, if any.
+func jobOf(h nats.Header) string {
+	if job := h.Get(wire.HeaderJob); wire.ValidJobName(job) {
+		return job
+	}
+	return ""
 }
 
 func (d *delivery) stored() *wire.StoredMessage {
@@ -490,27 +559,22 @@ func asPublished(subject string, h nats.Header, data []byte) *wire.StoredMessage
 
 // write stores the record and returns once the bucket has it.
 func (d *delivery) write(ctx context.Context) {
-	done := make(chan error, 1)
 	d.mu.Lock()
 	d.final = true
 	d.rec.UpdatedAt = d.w.cfg.Clock.Now()
 	m, err := d.w.tasks.PutMsg(d.rec)
+	var f *asyncpub.Future
 	if err == nil {
 		// Published under mu: after any RUNNING write, so stored after it.
-		err = d.w.pipe.publish(m, "", done)
+		f = d.w.pub.Async(m)
 	}
 	d.mu.Unlock()
 	if err == nil {
-		// The pipeline gives every publish an outcome within ackTimeout.
-		if err = <-done; err == nil {
-			return
-		}
+		// A failed put is made once more, waiting.
+		err = d.w.pub.Settle(ctx, f, "")
 	}
-	// The pipelined put failed: once more, waiting.
-	ctx, cancel := context.WithTimeout(ctx, ackTimeout)
-	defer cancel()
-	if _, err2 := d.w.tasks.Put(ctx, d.rec); err2 != nil {
-		d.w.log.Error("write task state", "task_id", d.rec.ID, "state", d.rec.State, "err", errors.Join(err, err2))
+	if err != nil {
+		d.w.log.Error("write task state", "task_id", d.rec.ID, "state", d.rec.State, "err", err)
 	}
 }
 

@@ -502,7 +502,7 @@ func (s *sorter) dropCancelled(ctx context.Context) {
 					s.w.log.Warn("sorter: write cancelled task", "task_id", id, "err", err)
 				}
 				cancel()
-				s.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, Message: "task cancelled",
+				s.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, JobID: rec.Job, Message: "task cancelled",
 					Payload: audit.Payload(finishedPayload{Run: max(rec.Run, 1), State: wire.TaskCancelled})})
 				s.w.log.Info("sorter: dropped cancelled task", "task_id", id)
 				return true

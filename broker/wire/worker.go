@@ -30,9 +30,15 @@ type TaskRecord struct {
 	Seq uint64 `json:"seq,omitempty"`
 	// Worker names the worker that last ran the task.
 	Worker string `json:"worker,omitempty"`
+	// Job names the job that fired the task (its message's HeaderJob),
+	// if a job did; every event of the task carries it as job_id.
+	Job string `json:"job,omitempty"`
 	// Output holds the tail of the last attempt's output (exec: stdout and
 	// stderr; http: the response body), bounded.
 	Output string `json:"output,omitempty"`
+	// Result is what the handler of a task that SUCCEEDED returned (sql:
+	// a SQLResult), bounded; TASK_FINISHED carries it too.
+	Result json.RawMessage `json:"result,omitempty"`
 	// Message is the task's message, kept once it has left the stream
 	// (NEEDS_REVIEW), so that `gantry task retry` can publish it again.
 	Message *StoredMessage `json:"message,omitempty"`

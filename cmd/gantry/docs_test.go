@@ -35,14 +35,23 @@ import (
 // A console block's "$ " lines are commands and the lines after one are
 // its expected output (times and numbers masked), ending in "(exit N)"
 // when the command exits N; a sh block's lines are commands expected to
-// exit 0, or N when their comment ends in "(exit N)". Every command runs in a scratch directory holding the files the
+// exit 0, or N when their comment ends in "(exit N)". Remote broker URLs
+// and absolute data paths are pointed at the test's own, and a 'gantry run'
+// or 'gantry broker' that names no ports gets free ones. Every command runs in a scratch directory holding the files the
 // examples name, with NATS_URL set to the live broker.
 
 // docsNotRun are the commands no test can run, with the reason.
 var docsNotRun = map[string]string{
-	"make run":  "starts gantry on the default ports for a person; this test starts its own 'gantry run' instead",
-	"make test": "runs the whole test suite, this test included",
+	"make run":                            "starts gantry on the default ports for a person; this test starts its own 'gantry run' instead",
+	"make test":                           "runs the whole test suite, this test included",
+	"gantry submit sql --db office":       "needs a PostgreSQL or SQL Server database 'office', which this test does not run (cmd/gantry/sql_test.go runs SQLite)",
+	"cd examples/handlers/node":           "installs the Node example's modules; TestNodeHandlerExample runs the example",
+	"NATS_URL=nats://127.0.0.1:4222 node": "the Node handler example, run by TestNodeHandlerExample",
 }
+
+// docsPaths are the absolute directories the examples write to; the test
+// writes under its scratch directory instead.
+var docsPaths = regexp.MustCompile(`(\s)/(backups|var/lib|var/backups)/`)
 
 // docsFollow are commands that run until interrupted: each is started in
 // the background, must still be running (or have exited 0) a moment
@@ -62,14 +71,18 @@ var docsFiles = map[string]string{
 	"summary.json": `{"cmd":["echo","summary"]}`,
 	"report.json":  `{"cmd":["echo","report"]}`,
 	"capture.sh":   "#!/bin/sh\necho \"captured $2 frames on $GANTRY_RESOURCE\"\n",
+	"urgent.sh":    "#!/bin/sh\necho urgent\n",
+	"Makefile":     "report:\n\t@echo report made\n",
 }
 
 // docsConfig is the config of each page's 'gantry run' (and the scratch
 // directory's gantry.yaml): the example config's resources and jobs, with
-// the routes and job the pages name, probing local servers only.
+// the routes, database and job the pages name, probing local servers only.
 const docsConfig = `routes:
   - {id: office, proxy: direct, probe_url: %[1]q, interval: 30s}
   - {id: plant-proxy, proxy: %[2]q, probe_url: %[1]q, interval: 30s}
+databases:
+  - {name: plant, driver: sqlite, dsn: %[3]q}
 resources:
   - {id: label-printer}
 jobs:
@@ -100,6 +113,10 @@ func docCommands(t *testing.T, path string) []docCommand {
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
 		line := sc.Text()
+		// A line ending in a backslash goes on on the next.
+		for strings.HasSuffix(line, "\\") && sc.Scan() {
+			line = strings.TrimSuffix(line, "\\") + " " + strings.TrimSpace(sc.Text())
+		}
 		if fence, ok := strings.CutPrefix(strings.TrimSpace(line), "```"); ok {
 			in, lang = !in, fence
 			continue
@@ -207,8 +224,8 @@ func runDocPage(t *testing.T, bin string, haveNATS bool, cmds []docCommand) {
 	site := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }))
 	t.Cleanup(site.Close)
 	proxy := proxytest.Start(t, proxytest.HTTPConnect)
-	cfg := fmt.Sprintf(docsConfig, site.URL, proxy.URL())
 	scratch := t.TempDir()
+	cfg := fmt.Sprintf(docsConfig, site.URL, proxy.URL(), "file:"+filepath.Join(scratch, "plant.db"))
 	for name, body := range docsFiles {
 		if err := os.WriteFile(filepath.Join(scratch, name), []byte(body), 0o755); err != nil {
 			t.Fatal(err)
@@ -217,13 +234,19 @@ func runDocPage(t *testing.T, bin string, haveNATS bool, cmds []docCommand) {
 	if err := os.WriteFile(filepath.Join(scratch, "gantry.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, ready := startGantry(t, "run", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+	// Its exec tasks run in the scratch directory, as the examples expect.
+	_, ready := startGantryIn(t, scratch, "run", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
 		"--config", filepath.Join(scratch, "gantry.yaml"))
 	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"),
 		"NATS_URL="+ready.NATS, "XDG_CONFIG_HOME="+t.TempDir(), "NATS_CONTEXT=")
 
 	for _, c := range cmds {
 		line := docsRemote.ReplaceAllString(c.line, ready.NATS)
+		line = docsPaths.ReplaceAllString(line, "$1./$2/")
+		if (strings.HasPrefix(line, "gantry run") || strings.HasPrefix(line, "gantry broker")) && !strings.Contains(line, "--nats-listen") {
+			// Not the default ports: a person's gantry may hold them.
+			line += " --nats-listen 127.0.0.1:0 --http-listen 127.0.0.1:0"
+		}
 		if why, ok := notRun(line); ok {
 			t.Logf("not run: %s: %s", c.line, why)
 			continue

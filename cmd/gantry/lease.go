@@ -195,13 +195,18 @@ TTL/3 while CMD runs, releases it when CMD ends and exits with CMD's exit code.
 - If another owner holds RES (or RES is cooling down), it exits 3 without
   starting CMD, naming the holder and its expiry. A DISABLED or FAULT resource
   is refused with exit 1.
-- SIGINT and SIGTERM are forwarded to CMD's process group; gantry waits for
+- If CMD cannot start, it exits 127 (not found) or 126 (not executable), like
+  a shell, and releases the lease: the resource moves to RUNNING only once
+  CMD has started.
+- SIGINT and SIGTERM are forwarded to CMD's process tree; gantry waits for
   CMD to end.
 - If the lease is lost while CMD runs (renewals fail for 2/3 of the TTL, or
   the lease was taken away), CMD's whole process tree is killed and gantry
   exits 1 saying so.
-- When CMD ends, whatever it left running in its process group (its Job
-  Object on Windows) is killed before the lease is released.
+- When CMD ends, whatever it left running is killed before the lease is
+  released: on Linux everything it started, setsid or double-forked too (a
+  cgroup or a subreaper holds the tree); its process group on macOS; its Job
+  Object on Windows.
 - CMD finds the resource in GANTRY_RESOURCE and the owner in
   GANTRY_LEASE_OWNER. A non-zero exit of CMD is a task failure, not a
   resource fault: the resource returns to AVAILABLE.
@@ -227,6 +232,10 @@ TTL/3 while CMD runs, releases it when CMD ends and exits with CMD's exit code.
 }
 
 func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Duration, argv []string) error {
+	trees, err := proctree.New(proctree.Config{Shim: shimPath()})
+	if err != nil {
+		return err
+	}
 	cl, err := a.connect(ctx, "gantry-lease")
 	if err != nil {
 		return err
@@ -241,9 +250,6 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 		defer cancel()
 		return rh.Finish(fctx, lease.Outcome{})
 	}
-	if err := rh.Start(ctx); err != nil {
-		return errors.Join(err, finish())
-	}
 	c := exec.Command(argv[0], argv[1:]...)
 	c.Stdin, c.Stdout, c.Stderr = a.stdin, a.stdout, a.stderr
 	c.Env = append(os.Environ(), "GANTRY_RESOURCE="+resource, "GANTRY_LEASE_OWNER="+owner)
@@ -253,9 +259,18 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, proctree.Interrupts()...)
 	defer signal.Stop(sigs)
-	tree, err := proctree.Start(c)
+	// CMD starts before the resource moves to RUNNING: a command that
+	// cannot start never marks it so, and its lease is released
+	// (LEASED -> AVAILABLE).
+	tree, err := trees.Start(c)
 	if err != nil {
-		return errors.Join(withCode(exitFailure, fmt.Errorf("start %s: %w", argv[0], err)), finish())
+		return errors.Join(startExit(err), finish())
+	}
+	if err := rh.Start(ctx); err != nil {
+		// The resource cannot run: CMD is stopped before it acts on it.
+		_ = tree.Kill()
+		_ = tree.Wait()
+		return errors.Join(err, finish())
 	}
 	// Wait kills what CMD left running before it returns: nothing CMD
 	// started may act on the resource once the lease is gone.
@@ -295,4 +310,22 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 			return nil
 		}
 	}
+}
+
+// The exit codes of a command that cannot start, as a shell's.
+const (
+	exitNotExecutable   = 126
+	exitCommandNotFound = 127
+)
+
+// startExit maps a command that could not start to a shell's exit code:
+// 127 not found, 126 not executable, 1 otherwise.
+func startExit(err error) error {
+	switch {
+	case errors.Is(err, proctree.ErrNotFound):
+		return withCode(exitCommandNotFound, err)
+	case errors.Is(err, proctree.ErrNotExecutable):
+		return withCode(exitNotExecutable, err)
+	}
+	return withCode(exitFailure, fmt.Errorf("start: %w", err))
 }

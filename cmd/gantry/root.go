@@ -79,6 +79,8 @@ Start everything in one process with 'gantry run'.`,
 		a.submitCommand(),
 		a.taskCommand(),
 		a.workerCommand(),
+		a.backupCommand(),
+		a.restoreCommand(),
 	)
 	// 'gantry completion bash|zsh|fish|powershell', cobra's own, added now
 	// so that the walk below covers it.

@@ -22,6 +22,7 @@ type submitFlags struct {
 	maxAttempts, priority                                 int
 	wait                                                  bool
 	waitTimeout                                           time.Duration
+	sql                                                   sqlFlags
 }
 
 func (a *app) submitCommand() *cobra.Command {
@@ -56,6 +57,7 @@ time) exits 2.`,
 	fl.StringVar(&f.notBefore, "not-before", "", "do not start before this RFC 3339 time")
 	fl.BoolVar(&f.wait, "wait", false, "wait for the task to end; exit 0 if it SUCCEEDED, 1 otherwise")
 	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "give up waiting after this long, exit 5 (0: wait until the end)")
+	f.sql.register(fl)
 	return cmd
 }
 
@@ -79,6 +81,9 @@ func (f *submitFlags) task(typ string) (client.Task, error) {
 	}
 	payload, err := payloadFlag(f.payload)
 	if err != nil {
+		return client.Task{}, err
+	}
+	if payload, err = f.sql.apply(typ, payload); err != nil {
 		return client.Task{}, err
 	}
 	if payload != nil {

@@ -21,7 +21,7 @@ machine. States: WAITING, RUNNING, RETRY_WAIT, SUCCEEDED, NEEDS_REVIEW,
 CANCELLED. Attempts are the runs of the task (the broker's delivery count,
 less the deliveries that only delayed it). See docs/tasks.md.`,
 	}
-	cmd.AddCommand(a.taskGetCommand(), a.taskLsCommand(), a.taskRetryCommand(), a.taskCancelCommand())
+	cmd.AddCommand(a.taskGetCommand(), a.taskLsCommand(), a.taskRetryCommand(), a.taskCancelCommand(), a.taskLogsCommand())
 	return cmd
 }
 
@@ -41,7 +41,7 @@ func taskView(r client.TaskRecord) taskOut {
 func (a *app) taskGetCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "get ID",
-		Short: "Show a task: state, attempts, last error, output tail",
+		Short: "Show a task: state, attempts, last error, output tail, result",
 		Args:  exactArgs(1, "ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -66,7 +66,7 @@ func (a *app) taskGetCommand() *cobra.Command {
 				if rec.Output != "" {
 					fmt.Fprintf(a.stdout, "\noutput (tail):\n%s\n", strings.TrimRight(rec.Output, "\n"))
 				}
-				return nil
+				return a.printResult(rec)
 			})
 		},
 	}
