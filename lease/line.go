@@ -16,6 +16,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/kv"
 )
 
@@ -147,7 +148,7 @@ func (e *WaitError) Error() string {
 	if !e.timedOut() {
 		return fmt.Sprintf("stopped waiting for %s after %v: %v", e.Resource, e.Waited.Round(time.Millisecond), e.Err)
 	}
-	return fmt.Sprintf("gave up waiting for %s after %v: %v", e.Resource, e.Waited.Round(time.Millisecond), e.Last)
+	return fmt.Sprintf("gave up waiting for %s after %v: %v", e.Resource, clock.Round(e.Waited), e.Last)
 }
 
 // Unwrap returns why the wait ended.

@@ -76,9 +76,19 @@ type (
 	finishedPayload struct {
 		Attempts int             `json:"attempts"`
 		Result   json.RawMessage `json:"result,omitempty"`
+		Run      int             `json:"run"`
 		State    wire.TaskState  `json:"state"`
 	}
 )
+
+// runOf is the run a task message's headers number, as the record keeps
+// it: 0 (omitted) for the first.
+func runOf(h nats.Header) int {
+	if n := wire.TaskRun(h); n > 1 {
+		return n
+	}
+	return 0
+}
 
 // interruptedDelay is when a task interrupted by a stopping worker is
 // delivered again.
@@ -144,6 +154,7 @@ func (d *delivery) run(ctx context.Context) {
 		Deliveries: int(meta.NumDelivered), MaxAttempts: task.MaxAttempts, Priority: task.Priority,
 		Key: task.Key, NotBefore: task.NotBefore, Seq: meta.Sequence.Stream, Worker: w.cfg.Name,
 		Job: jobOf(m.Headers()),
+		Run: runOf(m.Headers()),
 	}
 	if decErr == nil && err != nil {
 		decErr = fmt.Errorf("%w: %v", ErrBadTask, err)
@@ -507,7 +518,7 @@ func (d *delivery) succeed(ctx context.Context, t *Task) {
 	d.rec.Result = t.Result()
 	d.write(ctx)
 	d.emit(wire.Event{Type: wire.EventTaskFinished, Message: "task succeeded",
-		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Result: d.rec.Result, State: wire.TaskSucceeded})})
+		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Result: d.rec.Result, Run: max(d.rec.Run, 1), State: wire.TaskSucceeded})})
 	d.ack()
 }
 
@@ -549,7 +560,7 @@ func (d *delivery) finishCancelled(ctx context.Context) {
 	d.rec.RetryAt = nil
 	d.write(ctx)
 	d.emit(wire.Event{Type: wire.EventTaskFinished, Message: "task cancelled",
-		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, State: wire.TaskCancelled})})
+		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Run: max(d.rec.Run, 1), State: wire.TaskCancelled})})
 	d.term("cancelled")
 }
 

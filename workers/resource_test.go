@@ -363,3 +363,27 @@ func TestResourceWaitEndedMeanwhile(t *testing.T) {
 		t.Errorf("resource = %s with %d waiting, want AVAILABLE, nobody waiting", r.State, len(r.Waiters))
 	}
 }
+
+// TestResourceBusyLastError: a task waiting for a resource someone else
+// holds says why, naming the resource once: "waiting for resource cam1:
+// held by alice until …", not "resource cam1: resource cam1 is held …".
+func TestResourceBusyLastError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := resources(t, b)
+	ctx := context.Background()
+	if _, err := res.Add(ctx, lease.ResourceSpec{ID: "cam1"}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := res.Lease(ctx, "cam1", "alice", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = h.Finish(ctx, lease.Outcome{}) }()
+	b.start(t, Config{}, map[string]Handler{"snap": HandlerFunc(func(context.Context, *Task) error { return nil })})
+	b.publish(t, wire.TaskSubject("", "snap"), `{"id":"busy1","resource":"cam1"}`)
+	rec := b.waitState(t, "busy1", wire.TaskWaiting, 10*time.Second)
+	if want := "waiting for resource cam1: held by alice until "; !strings.HasPrefix(rec.LastError, want) || strings.Count(rec.LastError, "cam1") != 1 {
+		t.Errorf("last_error = %q, want it to start %q and name cam1 once", rec.LastError, want)
+	}
+}

@@ -522,7 +522,7 @@ func (s *sorter) dropCancelled(ctx context.Context) {
 				}
 				cancel()
 				s.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, JobID: rec.Job, Message: "task cancelled",
-					Payload: audit.Payload(finishedPayload{State: wire.TaskCancelled})})
+					Payload: audit.Payload(finishedPayload{Run: max(rec.Run, 1), State: wire.TaskCancelled})})
 				s.w.log.Info("sorter: dropped cancelled task", "task_id", id)
 				return true
 			}

@@ -693,5 +693,5 @@ func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord) {
 	w.emitAsync(wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
 		Message: rec.LastError, Payload: audit.Payload(map[string]any{"attempts": rec.Attempts, "queue": rec.Queue, "type": rec.Type})})
 	w.emitAsync(wire.Event{Type: wire.EventTaskFinished, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
-		Message: "task needs review", Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, State: rec.State})})
+		Message: "task needs review", Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, Run: max(rec.Run, 1), State: rec.State})})
 }

@@ -163,19 +163,24 @@ holder. No lease on RES: exit 4.`,
 }
 
 func (a *app) leaseLsCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "ls",
+	var p pageFlags
+	cmd := &cobra.Command{
+		Use:   "ls [--limit N | --all]",
 		Short: "List the current leases",
 		Long: `Ls lists every live lease. With --json it prints an array of objects with
 resource, owner, expires_at and revision.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := p.check(); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			return a.withClient(ctx, "gantry-lease", func(c *client.Client) error {
 				ls, err := c.Leases(ctx)
 				if err != nil {
 					return err
 				}
+				ls = page(a, p, ls, "leases", false)
 				if a.json {
 					return a.printJSON(ls)
 				}
@@ -183,6 +188,8 @@ resource, owner, expires_at and revision.`,
 			})
 		},
 	}
+	p.register(cmd.Flags(), "leases")
+	return cmd
 }
 
 func (a *app) leaseRunCommand() *cobra.Command {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -107,13 +108,18 @@ func (a *app) resourceOp(ctx context.Context, op func(*client.Client) (lease.Res
 
 func (a *app) resourceAddCommand() *cobra.Command {
 	var route, reclaim string
+	var force bool
 	cmd := &cobra.Command{
-		Use:   "add ID [--route R] [--reclaim available|fault]",
+		Use:   "add ID [--route R [--force]] [--reclaim available|fault]",
 		Short: "Register a resource (idempotent: an existing one keeps its state)",
 		Long: `Add registers resource ID as AVAILABLE. Adding an existing resource keeps its
 state and sets its route and reclaim policy. --reclaim says where the resource
 goes when it is found RUNNING after its holder's lease vanished (a crash):
-available (default) or fault (for an operator to check first).`,
+available (default) or fault (for an operator to check first).
+
+--route must name a route of gantry_routes ('gantry route ls': healthd
+registers the routes of its config); another exits 2, unless --force
+registers the resource with it anyway (a route healthd will know later).`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			policy, err := lease.ParseReclaimPolicy(reclaim)
@@ -122,18 +128,25 @@ available (default) or fault (for an operator to check first).`,
 			}
 			ctx := cmd.Context()
 			return a.resourceOp(ctx, func(c *client.Client) (lease.Resource, error) {
+				if route != "" && !force {
+					if err := checkRoute(ctx, c, route); err != nil {
+						return lease.Resource{}, err
+					}
+				}
 				return c.AddResource(ctx, lease.ResourceSpec{ID: args[0], Route: route, Reclaim: policy})
 			})
 		},
 	}
-	cmd.Flags().StringVar(&route, "route", "", "egress route the resource goes out through")
+	cmd.Flags().StringVar(&route, "route", "", "egress route the resource goes out through (one of 'gantry route ls')")
+	cmd.Flags().BoolVar(&force, "force", false, "register the resource even if --route names no known route")
 	cmd.Flags().StringVar(&reclaim, "reclaim", "available", "state after a crash while RUNNING: available or fault")
 	return cmd
 }
 
 func (a *app) resourceLsCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "ls",
+	var p pageFlags
+	cmd := &cobra.Command{
+		Use:   "ls [--limit N | --all]",
 		Short: "List resources and their states",
 		Long: `Ls lists every resource: its state, its holder with the live expiry of the
 holder's lease, and how many wait in line for it (tasks, 'lease acquire|run
@@ -142,16 +155,21 @@ lease_owner, lease_until, route_id, last_error, updated_at, reclaim, waiting
 and waiters (the line, next first: owner, task_id, priority, arrived, ...).`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := p.check(); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			return a.withClient(ctx, "gantry-resource", func(c *client.Client) error {
 				rs, err := c.Resources(ctx)
 				if err != nil {
 					return err
 				}
-				return a.printResources(rs)
+				return a.printResources(page(a, p, rs, "resources", false))
 			})
 		},
 	}
+	p.register(cmd.Flags(), "resources")
+	return cmd
 }
 
 func (a *app) resourceGetCommand() *cobra.Command {
@@ -232,6 +250,26 @@ func (a *app) resourceEnableCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why (goes into the audit event)")
 	return cmd
+}
+
+// checkRoute refuses a route gantry_routes does not hold (exit 2).
+func checkRoute(ctx context.Context, c *client.Client, id string) error {
+	routes, err := c.Routes(ctx)
+	if err != nil {
+		return err
+	}
+	known := make([]string, 0, len(routes))
+	for _, r := range routes {
+		if r.ID == id {
+			return nil
+		}
+		known = append(known, r.ID)
+	}
+	have := "there are none"
+	if len(known) > 0 {
+		have = "known: " + strings.Join(known, ", ")
+	}
+	return usageError("--route %q: no such egress route (%s); healthd registers the routes of its config ('gantry route ls'), or add --force", id, have)
 }
 
 // resourceSpecs turns the config file's resources into what the keeper

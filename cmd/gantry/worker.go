@@ -210,8 +210,8 @@ func parseTypePolicy(s string) (string, workers.Policy, error) {
 }
 
 // fromConfig fills the settings the command line left alone from the
-// config file's workers section, and takes its databases, reading each DSN
-// from where the file says.
+// config file's workers section ('gantry run', 'gantry worker'), and takes
+// its databases, reading each DSN from where the file says.
 func (f *workerFlags) fromConfig(cfg *config.File, changed func(name string) bool) error {
 	if r := cfg.Workers.TaskRetention; r != nil && !changed("task-retention") {
 		f.retention = retentionValue(*r)
@@ -273,10 +273,12 @@ func (p *process) addWorkers(ctx context.Context, f *workerFlags, log *slog.Logg
 }
 
 func (a *app) workerCommand() *cobra.Command {
-	var f workerFlags
-	var configPath string
+	var (
+		f  workerFlags
+		cf componentFlags
+	)
 	cmd := &cobra.Command{
-		Use:   "worker [--queue Q[=N]]... [flags]",
+		Use:   "worker [--config FILE] [--queue Q[=N]]... [flags]",
 		Short: "Run task workers alone, connected to a broker with --server",
 		Long: `Worker runs only the task workers, connected to a broker with --server, for
 a system split across machines ('gantry run' includes them).
@@ -304,24 +306,31 @@ Built-in types: noop, exec, http, sql (on the databases of --config). Any
 other type is sent as a request to gantry.handlers.<type>. See
 docs/tasks.md and docs/sql.md. An exec task's checkpoint file is under
 <data>/checkpoints; a worker removes the files a killed worker left there
-when it starts.`,
+when it starts.
+
+Every worker also runs a keeper: it registers the resources of the config
+file (an existing one keeps its state), records lease expiries and
+reclaims resources whose holder is gone. Several keepers are safe.
+
+Started before its broker, a worker waits for it (--connect-timeout); it
+logs every loss and return of the broker.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.worker(cmd.Context(), &f, configPath, cmd.Flags().Changed)
+			return a.worker(cmd.Context(), &f, &cf, cmd.Flags().Changed)
 		},
 	}
 	f.register(cmd)
-	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose databases (for sql tasks) and workers section this worker uses")
+	cf.register(cmd, "workers, resources and databases (for sql tasks) sections")
 	cmd.Flags().StringVar(&f.dataDir, "data", defaultDataDir(), "data directory; exec tasks' checkpoint files are under <data>/checkpoints")
 	return cmd
 }
 
-func (a *app) worker(ctx context.Context, f *workerFlags, configPath string, changed func(name string) bool) error {
+func (a *app) worker(ctx context.Context, f *workerFlags, cf *componentFlags, changed func(string) bool) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
 	}
-	cfg, err := (&serverFlags{configPath: configPath}).loadConfig()
+	cfg, err := cf.load()
 	if err != nil {
 		return err
 	}
@@ -331,7 +340,8 @@ func (a *app) worker(ctx context.Context, f *workerFlags, configPath string, cha
 	if _, err := f.config(log); err != nil {
 		return err
 	}
-	nc, js, err := a.client.connect("gantry-worker", nats.MaxReconnects(-1))
+	logSections(log, cf.configPath, cfg, "workers", "resources", "databases")
+	nc, js, err := a.connectComponent(ctx, log, cf, "gantry-worker")
 	if err != nil {
 		return err
 	}
@@ -349,10 +359,10 @@ func (a *app) worker(ctx context.Context, f *workerFlags, configPath string, cha
 		return fmt.Errorf("workers: %w", err)
 	}
 
-	// Keeper: records lease expiries and reclaims resources whose holder is
-	// gone, so a system without 'gantry run' still has one (several are
-	// safe: each expiry is recorded once).
-	if err := p.addKeeper(js, log, nil); err != nil {
+	// Keeper: registers the config's resources, records lease expiries and
+	// reclaims resources whose holder is gone, so a system without 'gantry
+	// run' still has one (several are safe: each expiry is recorded once).
+	if err := p.addKeeper(js, log, resourceSpecs(cfg)); err != nil {
 		nc.Close()
 		return fmt.Errorf("keeper: %w", err)
 	}
