@@ -173,13 +173,17 @@ func Take(ctx context.Context, nc *nats.Conn, dir string, cfg Config) (m wire.Ba
 // gantryStreams lists the streams a backup takes, in the order it takes
 // them: the KV buckets (the task records last, right before the task
 // stream, so that few tasks end in between), then the streams, the task
-// stream first and the audit stream last. It refuses a server that lacks
-// the task stream (not gantry's).
+// stream first and the audit stream last. The lines of those waiting for a
+// resource (gantry_waiters) are not taken: they belong to processes that
+// live now, and a restored system, which honours no lease from before its
+// backup, starts with empty lines. It refuses a server that lacks the task
+// stream (not gantry's).
 func gantryStreams(ctx context.Context, js jetstream.JetStream) ([]string, error) {
 	var buckets, streams []string
 	names := js.StreamNames(ctx)
 	for name := range names.Name() {
 		switch {
+		case name == "KV_"+wire.BucketWaiters:
 		case strings.HasPrefix(name, "KV_gantry_"):
 			buckets = append(buckets, name)
 		case strings.HasPrefix(name, "GANTRY_") && name != wire.StreamAudit:

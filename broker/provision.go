@@ -73,6 +73,8 @@ func Buckets(pc ProvisionConfig) []jetstream.KeyValueConfig {
 		kv(wire.BucketTasks, "task state by task id (ended tasks expire)", 1, time.Minute),
 		kv(wire.BucketCheckpoints, "task checkpoints and operation keys", 1, time.Minute),
 		kv(wire.BucketScheduler, "scheduler leader lease and last fire times", 1, time.Minute),
+		// Per-key TTL: a dead waiter's place in line lapses.
+		kv(wire.BucketWaiters, "places in line for busy resources (per-key TTL)", 1, time.Minute),
 		kv(wire.BucketQueues, "queue pauses", 1, 0),
 		// Per-key TTL: a worker that stops heartbeating disappears.
 		kv(wire.BucketWorkers, "live workers (per-key TTL)", 1, time.Minute),

@@ -48,9 +48,9 @@ type UnavailableError struct {
 // Error names the route, its state and the wait.
 func (e *UnavailableError) Error() string {
 	if e.Route == wire.RouteAuto {
-		return fmt.Sprintf("no egress route is AVAILABLE; retry in %v", e.Wait)
+		return fmt.Sprintf("no egress route is AVAILABLE; retry in %v", clock.Round(e.Wait))
 	}
-	return fmt.Sprintf("route %q is %s; retry in %v", e.Route, e.State, e.Wait)
+	return fmt.Sprintf("route %q is %s; retry in %v", e.Route, e.State, clock.Round(e.Wait))
 }
 
 // RetryAfter returns how long to wait before trying again.

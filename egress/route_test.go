@@ -440,3 +440,13 @@ func TestReport(t *testing.T) {
 		t.Errorf("a second report arrived, want nil and cancelled errors not reported")
 	}
 }
+
+// TestUnavailableErrorRounds: the wait reads "retry in 4m0s", not
+// "retry in 3m59.953555092s".
+func TestUnavailableErrorRounds(t *testing.T) {
+	t.Parallel()
+	err := &UnavailableError{Route: "office", State: wire.RouteCooldown, Wait: 3*time.Minute + 59953555092*time.Nanosecond}
+	if got, want := err.Error(), `route "office" is COOLDOWN; retry in 4m0s`; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+}

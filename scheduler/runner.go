@@ -316,9 +316,12 @@ func (r *runner) removeEntry(en *entry) {
 	}
 }
 
-// plan computes an entry's next fire from its persisted state, turning
-// planned times older than the misfire threshold into misfires handled by
-// the job's policy, and (re)places it in the heap.
+// plan computes an entry's next fire from its persisted state and
+// (re)places it in the heap. Planned times already past are fired late
+// (trigger schedule) while none of them is older than the misfire
+// threshold (a failover, a slow batch); once one is, the scheduler was
+// down, and the job's misfire policy decides for every past one: "once"
+// fires once, however many passed.
 func (r *runner) plan(en *entry, now time.Time) {
 	j := en.spec.Job
 	en.queue = nil
@@ -328,27 +331,41 @@ func (r *runner) plan(en *entry, now time.Time) {
 			base = t
 		}
 	}
+	if su := en.state.SkipUntil; su != nil {
+		switch {
+		case !su.After(en.state.LastPlanned) || j.UpdatedAt.After(en.state.LastPlanned):
+			// Reached, or the job changed since: its windows may have.
+			en.state.SkipUntil = nil
+		case su.After(base):
+			// The planned times before it were skipped, in one summary.
+			base = su.Add(-time.Nanosecond)
+		}
+	}
 	if base.IsZero() {
 		// Never fired, and no creation time (written by another client):
 		// nothing can have been missed.
 		base = now
 	}
 	cutoff := now.Add(-r.s.cfg.MisfireThreshold)
+	first := en.spec.Next(base)
+	if first.IsZero() || first.After(cutoff) {
+		en.next = first
+		r.reschedule(en, now)
+		return
+	}
 	var missed []time.Time
-	p := en.spec.Next(base)
+	p := first
 	more := 0
-	for !p.IsZero() && !p.After(cutoff) {
+	for !p.IsZero() && p.Before(now) {
 		if len(missed) >= maxMisfireScan {
 			more++
-			p = en.spec.Next(cutoff)
+			p = en.spec.Next(now.Add(-time.Nanosecond))
 			break
 		}
 		missed = append(missed, p)
 		p = en.spec.Next(p)
 	}
-	if len(missed) > 0 {
-		r.misfire(en, missed, more)
-	}
+	r.misfire(en, missed, more)
 	en.next = p
 	r.reschedule(en, now)
 }

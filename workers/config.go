@@ -104,9 +104,10 @@ type Config struct {
 	// LeaseTTL is the TTL of the lease on a task's resource, renewed every
 	// LeaseTTL/3 while the task runs. Defaults to 30 s.
 	LeaseTTL time.Duration
-	// BusyDelay is the shortest wait before retrying a task whose resource
-	// is busy; the holder's lease expiry, up to the policy's Delay, is the
-	// hint. Defaults to 1 s.
+	// BusyDelay is the delay before a task is tried again when its
+	// resource could neither be leased nor waited for (the broker did not
+	// answer). A busy, DISABLED or FAULT resource is waited for in its line
+	// instead, holding the delivery. Defaults to 1 s.
 	BusyDelay time.Duration
 	// HTTPClient sends http tasks without a route. Defaults to a client
 	// with Go's default transport.
@@ -115,6 +116,9 @@ type Config struct {
 	// its MaxOpen, opened on first use and closed when Run returns. A sql
 	// task naming another database fails permanently.
 	Databases []sqltask.Database
+	// Sorter are the timings of the sorters of prioritized queues. Each
+	// defaults as SorterTimings says.
+	Sorter SorterTimings
 	// Clock tells the time of backoff and not_before decisions. Defaults to
 	// the real clock.
 	Clock clock.Clock
@@ -182,7 +186,7 @@ type Policy struct {
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
 	// Delay is the wait of a delayed retry that carries no hint (an exec
-	// delay exit code, a busy resource). Defaults to 30 s.
+	// delay exit code). Defaults to 30 s.
 	Delay time.Duration
 	// NoHandlerDelay is the wait of a delayed retry when no handler
 	// answers on gantry.handlers.<type> (a handler restarting). Like every
@@ -254,6 +258,10 @@ func (c Config) withDefaults() (Config, error) {
 	c.KillGrace = cmp.Or(c.KillGrace, 2*time.Second)
 	c.CheckpointDir = cmp.Or(c.CheckpointDir, filepath.Join(os.TempDir(), "gantry-checkpoints"))
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, 5*time.Second)
+	c.Sorter = c.Sorter.withDefaults()
+	if c.Sorter.PullExpiry < time.Second || c.Sorter.PullExpiry >= c.Sorter.PinnedTTL {
+		return c, fmt.Errorf("workers: sorter pull expiry %v must be at least 1s and shorter than its pinned TTL %v", c.Sorter.PullExpiry, c.Sorter.PinnedTTL)
+	}
 	c.Version = cmp.Or(c.Version, "dev")
 	c.PresenceInterval = cmp.Or(c.PresenceInterval, 5*time.Second)
 	if c.PresenceInterval < 100*time.Millisecond {

@@ -76,9 +76,19 @@ type (
 	finishedPayload struct {
 		Attempts int             `json:"attempts"`
 		Result   json.RawMessage `json:"result,omitempty"`
+		Run      int             `json:"run"`
 		State    wire.TaskState  `json:"state"`
 	}
 )
+
+// runOf is the run a task message's headers number, as the record keeps
+// it: 0 (omitted) for the first.
+func runOf(h nats.Header) int {
+	if n := wire.TaskRun(h); n > 1 {
+		return n
+	}
+	return 0
+}
 
 // interruptedDelay is when a task interrupted by a stopping worker is
 // delivered again.
@@ -93,6 +103,11 @@ type delivery struct {
 	task wire.Task
 	pol  Policy
 	rec  wire.TaskRecord
+	// arrived and intakeSeq are when and where the task entered the
+	// stream (the broker's time and sequence): its place in a resource's
+	// line.
+	arrived   time.Time
+	intakeSeq uint64
 
 	// mu orders the state writes of the delivery: the delayed RUNNING
 	// write never lands after the final one.
@@ -146,12 +161,14 @@ func (d *delivery) run(ctx context.Context) {
 	d.task = task
 	msgID, created, intakeSeq, sorted := origin(m.Subject(), m.Headers(), meta.Timestamp, meta.Sequence.Stream)
 	id := taskID(task, msgID, created, intakeSeq)
+	d.arrived, d.intakeSeq = created, intakeSeq
 	d.rec = wire.TaskRecord{
 		TaskInfo: wire.TaskInfo{ID: id, Type: typ, Queue: queue, State: wire.TaskWaiting,
 			Resource: task.Resource, CreatedAt: created, UpdatedAt: now},
 		Deliveries: int(meta.NumDelivered), MaxAttempts: task.MaxAttempts, Priority: task.Priority,
 		Key: task.Key, NotBefore: task.NotBefore, Seq: meta.Sequence.Stream, Worker: w.cfg.Name,
 		Job: jobOf(m.Headers()),
+		Run: runOf(m.Headers()),
 	}
 	if decErr == nil && err != nil {
 		decErr = fmt.Errorf("%w: %v", ErrBadTask, err)
@@ -252,13 +269,19 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	defer untrack()
 
 	var holder *lease.ResourceHolder
+	stateDelay := w.cfg.StateDelay
 	if d.rec.Resource != "" {
-		var ok bool
-		if holder, ok = d.lease(ctx); !ok {
+		var waited, ok bool
+		if holder, waited, ok = d.lease(ctx, tctx, cancel); !ok {
 			return
 		}
 		stop := context.AfterFunc(holder.Context(), func() { cancel(ErrLost) })
 		defer stop()
+		if waited {
+			// The WAITING record counted this delivery as a delay: the
+			// RUNNING write takes that back at once.
+			stateDelay = 0
+		}
 	}
 
 	d.emit(wire.Event{Type: wire.EventTaskStarted,
@@ -273,7 +296,7 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	defer cancelTimeout()
 
 	// RUNNING is written only if the task outlives StateDelay.
-	runningTimer := time.AfterFunc(w.cfg.StateDelay, func() {
+	runningTimer := time.AfterFunc(stateDelay, func() {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		if d.final {
@@ -337,36 +360,115 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	d.settle(context.WithoutCancel(ctx), t, err)
 }
 
-// lease takes the task's resource and moves it to RUNNING. If it cannot,
-// it settles the delivery (a delayed retry) and returns false.
-func (d *delivery) lease(ctx context.Context) (*lease.ResourceHolder, bool) {
+// lease takes the task's resource and moves it to RUNNING. While another
+// owner holds the resource, or it is DISABLED or FAULT, the task waits in
+// the resource's line (lease.Resources.LeaseWait): its delivery is kept
+// with heartbeats, so the wait uses up no attempt, and it starts the moment
+// its turn comes. tctx ends the wait (a cancel, an interrupt); cancel is
+// its cancel function, with which a stopping worker hands a waiting task
+// back at once. If the task cannot start, lease settles the delivery and
+// returns false; waited reports whether the task waited in line.
+func (d *delivery) lease(ctx, tctx context.Context, cancel context.CancelCauseFunc) (h *lease.ResourceHolder, waited, ok bool) {
 	w := d.w
 	owner := w.cfg.Name + "/" + d.rec.ID
-	h, err := w.resources.Lease(ctx, d.rec.Resource, owner, w.cfg.LeaseTTL)
+	place := lease.Place{Arrived: d.arrived, Seq: d.intakeSeq, TaskID: d.rec.ID, Job: d.rec.Job}
+	if d.sp.queue.Prioritized {
+		place.Priority = d.task.Priority
+	}
+	stopping := context.AfterFunc(w.stopping, func() { cancel(errInterrupted) })
+	since := time.Now()
+	hb := newHeartbeat(max(d.sp.queue.AckWait/3, 10*time.Millisecond), func() {
+		if err := d.msg.InProgress(); err != nil {
+			w.log.Debug("heartbeat", "task_id", d.rec.ID, "err", err)
+		}
+	})
+	h, err := w.resources.LeaseWait(tctx, d.rec.Resource, owner, w.cfg.LeaseTTL, lease.WaitOptions{
+		Place: place,
+		OnChange: func(s lease.WaitStatus) {
+			if !waited {
+				waited = true
+				d.writeWaiting(s)
+			}
+		},
+	})
+	hb.stop()
+	stopping()
+	if err == nil && time.Since(since) >= d.sp.queue.AckWait && d.endedMeanwhile(ctx) {
+		_ = h.Finish(context.WithoutCancel(ctx), lease.Outcome{})
+		return nil, waited, false
+	}
 	if err == nil {
 		if err = h.Start(ctx); err != nil {
 			_ = h.Finish(context.WithoutCancel(ctx), lease.Outcome{})
 		}
 	}
 	if err == nil {
-		return h, true
+		return h, waited, true
 	}
-	wait := w.cfg.BusyDelay
-	var ce *lease.ConflictError
-	switch {
-	case errors.As(err, &ce):
-		wait = max(wait, min(ce.ExpiresAt.Sub(w.cfg.Clock.Now()), d.pol.Delay))
-	case errors.Is(err, lease.ErrUnavailable):
-		wait = d.pol.Delay
-	case errors.Is(err, kv.ErrInvalid):
-		d.needsReview(ctx, Permanent(fmt.Errorf("resource %s: %w", d.rec.Resource, err)))
-		return nil, false
-	}
-	wait = time.Duration(float64(wait) * (1 + 0.2*jitter()))
 	// The task did not run: this delivery is not an attempt.
 	d.rec.Attempts--
-	d.delay(ctx, wait, wire.TaskWaiting, fmt.Errorf("resource %s: %w", d.rec.Resource, err))
-	return nil, false
+	cause := context.Cause(tctx)
+	ctx = context.WithoutCancel(ctx)
+	switch {
+	case tctx.Err() != nil && errors.Is(cause, ErrCancelled):
+		d.finishCancelled(ctx)
+	case tctx.Err() != nil:
+		d.delay(ctx, interruptedDelay, wire.TaskWaiting, fmt.Errorf("%w while waiting for resource %s", errInterrupted, d.rec.Resource))
+	case errors.Is(err, kv.ErrInvalid):
+		d.needsReview(ctx, Permanent(fmt.Errorf("resource %s: %w", d.rec.Resource, err)))
+	default:
+		wait := time.Duration(float64(w.cfg.BusyDelay) * (1 + 0.2*jitter()))
+		d.delay(ctx, wait, wire.TaskWaiting, fmt.Errorf("resource %s: %w", d.rec.Resource, err))
+	}
+	return nil, waited, false
+}
+
+// endedMeanwhile settles the delivery and reports true if the task's
+// record says it ended while this delivery waited: a wait as long as the
+// ack deadline may have been redelivered (heartbeats lost), and the other
+// delivery run.
+func (d *delivery) endedMeanwhile(ctx context.Context) bool {
+	prev, _, err := d.w.tasks.Get(ctx, d.rec.ID)
+	if err != nil || prev.Seq != d.rec.Seq {
+		return false
+	}
+	switch prev.State {
+	case wire.TaskSucceeded:
+		d.ack()
+	case wire.TaskNeedsReview, wire.TaskCancelled:
+		d.term("ended while this delivery waited for its resource")
+	default:
+		return false
+	}
+	d.w.log.Info("task ended while it waited for its resource", "task_id", d.rec.ID, "state", prev.State)
+	return true
+}
+
+// writeWaiting records that the task waits in line for its resource:
+// WAITING, with what holds it up. The record counts this delivery as a
+// delay, so that if the worker dies while the task waits, its redelivery
+// has used up no attempt; the RUNNING write when the task starts takes that
+// back.
+func (d *delivery) writeWaiting(s lease.WaitStatus) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.final {
+		return
+	}
+	rec := d.rec
+	rec.State = wire.TaskWaiting
+	rec.Attempts--
+	rec.Delays++
+	rec.RetryAt = nil
+	rec.LastError = fmt.Sprintf("waiting for resource %s: %v", rec.Resource, s)
+	rec.UpdatedAt = d.w.cfg.Clock.Now()
+	m, err := d.w.tasks.PutMsg(rec)
+	if err != nil {
+		d.w.log.Warn("write task state", "task_id", rec.ID, "state", rec.State, "err", err)
+		return
+	}
+	d.w.pub.Publish(m, "")
+	d.w.log.Debug("waiting for resource", "task_id", rec.ID, "resource_id", rec.Resource, "holder", s.Holder, "position", s.Position)
 }
 
 // call runs the handler, turning a panic into a retryable error.
@@ -456,7 +558,7 @@ func (d *delivery) succeed(ctx context.Context, t *Task) {
 	d.rec.Result = t.Result()
 	d.write(ctx)
 	d.emit(wire.Event{Type: wire.EventTaskFinished, Message: "task succeeded",
-		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Result: d.rec.Result, State: wire.TaskSucceeded})})
+		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Result: d.rec.Result, Run: max(d.rec.Run, 1), State: wire.TaskSucceeded})})
 	d.ack()
 }
 
@@ -500,7 +602,7 @@ func (d *delivery) finishCancelled(ctx context.Context) {
 	d.rec.RetryAt = nil
 	d.write(ctx)
 	d.emit(wire.Event{Type: wire.EventTaskFinished, Message: "task cancelled",
-		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, State: wire.TaskCancelled})})
+		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Run: max(d.rec.Run, 1), State: wire.TaskCancelled})})
 	d.term("cancelled")
 }
 

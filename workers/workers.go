@@ -87,6 +87,11 @@ type Workers struct {
 	consumers []*spec
 	sorters   map[string]*sorter
 
+	// stopping ends when the workers stop taking tasks: the tasks waiting
+	// in line for a resource are handed back at once.
+	stopping     context.Context
+	markStopping context.CancelFunc
+
 	// pub publishes the hot path's audit events and task records without
 	// waiting, and checks their acknowledgements.
 	pub *asyncpub.Publisher
@@ -166,6 +171,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		idle:     make(chan job),
 		quit:     make(chan struct{}),
 	}
+	w.stopping, w.markStopping = context.WithCancel(context.Background())
 	if w.metrics, err = newMetrics(cfg.Metrics); err != nil {
 		return nil, fmt.Errorf("workers: %w", err)
 	}
@@ -351,6 +357,7 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 		w.cmu.Lock()
 		w.closing = true
 		w.cmu.Unlock()
+		w.markStopping()
 		for _, cc := range ccs {
 			cc.Stop()
 		}
@@ -727,5 +734,5 @@ func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord) {
 	w.emitAsync(wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
 		Message: rec.LastError, Payload: audit.Payload(map[string]any{"attempts": rec.Attempts, "queue": rec.Queue, "type": rec.Type})})
 	w.emitAsync(wire.Event{Type: wire.EventTaskFinished, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
-		Message: "task needs review", Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, State: rec.State})})
+		Message: "task needs review", Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, Run: max(rec.Run, 1), State: rec.State})})
 }

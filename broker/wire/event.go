@@ -89,6 +89,7 @@ var eventSubjects = map[EventType]string{
 	EventLeaseExpired:         "resource.lease_expired",
 	EventResourceStateChanged: "resource.state_changed",
 	EventResourceMoveRefused:  "resource.move_refused",
+	EventResourceWaiting:      "resource.waiting",
 	EventLeaseRevoked:         "resource.lease_revoked",
 
 	EventRouteCooldown:  "route.cooldown",

@@ -58,6 +58,8 @@ func TestGolden(t *testing.T) {
 		},
 		"lease":    Lease{Resource: "cam1", Owner: "worker-a", ExpiresAt: t0, Revision: 7},
 		"resource": Resource{ID: "cam1", State: ResourceLeased, LeaseOwner: "worker-a", LeaseUntil: &until, RouteID: "office", UpdatedAt: t0},
+		"waiter": Waiter{Resource: "cam1", Owner: "worker-a/task-1", TaskID: "task-1", Priority: 5, Arrived: &t0, Seq: 42,
+			TTL: "5s", ExpiresAt: until},
 		"route": Route{
 			ID: "office", State: RouteCooldown, Score: 42.5, LatencyMS: 120, ConsecutiveFailures: 3,
 			LastError: "timeout", CooldownUntil: &until, LastChecked: &t0,

@@ -12,7 +12,7 @@ import (
 )
 
 func (a *app) alertdCommand() *cobra.Command {
-	var configPath, httpListen string
+	var cf componentFlags
 	cmd := &cobra.Command{
 		Use:   "alertd --config FILE",
 		Short: "Run the alerting component alone, connected to a broker with --server",
@@ -28,23 +28,23 @@ the window holds back is counted into the next alert. A failing sink never
 holds anything else back. See docs/operations.md, Alerting. Run one
 alertd per system: two would send every alert twice.`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.alertd(cmd.Context(), configPath, httpListen) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.alertd(cmd.Context(), &cf) },
 	}
-	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose alerts section to apply (see examples/gantry.yaml)")
-	cmd.Flags().StringVar(&httpListen, "http-listen", "", "host:port of /healthz, /readyz and /metrics (alertd's own metrics); empty: no HTTP")
+	cf.register(cmd, "alerts section (rules and sinks)")
 	return cmd
 }
 
-func (a *app) alertd(ctx context.Context, configPath, httpListen string) error {
+func (a *app) alertd(ctx context.Context, cf *componentFlags) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
 	}
-	cfg, err := (&serverFlags{configPath: configPath}).loadConfig()
+	cfg, err := cf.load()
 	if err != nil {
 		return err
 	}
-	nc, _, err := a.client.connect("gantry-alertd", nats.MaxReconnects(-1))
+	logSections(log, cf.configPath, cfg, "alerts")
+	nc, _, err := a.connectComponent(ctx, log, cf, "gantry-alertd")
 	if err != nil {
 		return err
 	}
@@ -56,7 +56,7 @@ func (a *app) alertd(ctx context.Context, configPath, httpListen string) error {
 	p.addSignals(ctx)
 
 	// HTTP, when asked for: /healthz, /readyz and alertd's /metrics.
-	if err := p.addHTTP(httpListen, nc); err != nil {
+	if err := p.addHTTP(cf.httpListen, nc); err != nil {
 		nc.Close()
 		return err
 	}

@@ -17,6 +17,9 @@ import (
 
 // clientFlags are the connection flags, named as the nats CLI names them.
 type clientFlags struct {
+	// fs holds the flags, to tell the ones given from the defaults.
+	fs       *pflag.FlagSet
+	context  string
 	server   string
 	creds    string
 	user     string
@@ -24,10 +27,13 @@ type clientFlags struct {
 	tlsCA    string
 	tlsCert  string
 	tlsKey   string
+	token    string
 	timeout  time.Duration
 }
 
 func (c *clientFlags) register(fs *pflag.FlagSet) {
+	c.fs = fs
+	fs.StringVar(&c.context, "context", os.Getenv("NATS_CONTEXT"), "nats CLI context to connect with (env NATS_CONTEXT; default the one 'nats context select' chose); the flags below win over it")
 	fs.StringVarP(&c.server, "server", "s", cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL), "NATS server URL(s), comma separated (env NATS_URL)")
 	fs.StringVar(&c.creds, "creds", "", "user credentials file")
 	fs.StringVar(&c.user, "user", "", "user name or token")
@@ -38,12 +44,46 @@ func (c *clientFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.timeout, "timeout", client.DefaultTimeout, "how long a client request may take")
 }
 
+// applyContext fills the connection flags not given (on the command line,
+// or NATS_URL for --server) from the nats CLI context named by --context,
+// or else the one the nats CLI has selected, as the nats CLI does.
+func (c *clientFlags) applyContext() error {
+	name := c.context
+	if name == "" {
+		sel, err := client.SelectedContext()
+		if err != nil || sel == "" {
+			return err
+		}
+		name = sel
+	}
+	ctx, err := client.LoadContext(name)
+	if err != nil {
+		return fmt.Errorf("--context: %w", err)
+	}
+	for _, f := range []struct {
+		flag string
+		dst  *string
+		v    string
+	}{
+		{"server", &c.server, ctx.Servers}, {"creds", &c.creds, ctx.Creds}, {"user", &c.user, ctx.User},
+		{"password", &c.password, ctx.Password}, {"tlsca", &c.tlsCA, ctx.TLSCA}, {"tlscert", &c.tlsCert, ctx.TLSCert},
+		{"tlskey", &c.tlsKey, ctx.TLSKey},
+	} {
+		given := c.fs.Changed(f.flag) || f.flag == "server" && os.Getenv("NATS_URL") != ""
+		if f.v != "" && !given {
+			*f.dst = f.v
+		}
+	}
+	c.token = ctx.Token
+	return nil
+}
+
 // options returns the client options the flags ask for, for a connection
 // named name.
 func (c *clientFlags) options(name string) client.Options {
 	return client.Options{
 		Servers: c.server, Creds: c.creds, User: c.user, Password: c.password,
-		TLSCA: c.tlsCA, TLSCert: c.tlsCert, TLSKey: c.tlsKey, Name: name, Timeout: c.timeout,
+		TLSCA: c.tlsCA, TLSCert: c.tlsCert, TLSKey: c.tlsKey, Token: c.token, Name: name, Timeout: c.timeout,
 	}
 }
 

@@ -74,19 +74,27 @@ func (a *app) printLeases(ls []wire.Lease) error {
 func (a *app) leaseAcquireCommand() *cobra.Command {
 	var owner string
 	var ttl time.Duration
+	var wait waitFlags
 	cmd := &cobra.Command{
-		Use:   "acquire RES --owner O [--ttl D]",
+		Use:   "acquire RES --owner O [--ttl D] [--wait[=TIMEOUT]]",
 		Short: "Take the lease on a resource (exit 3 if another owner holds it)",
 		Long: `Acquire takes the lease on RES for owner O, for --ttl (whole seconds, at
 least 1 s). It does not renew it: renew it with 'gantry lease renew' before it
 lapses, or release it with 'gantry lease release'. If another owner holds RES,
 it exits 3 naming the holder and its expiry, and changes nothing. If O already
-holds it, the lease is renewed.`,
+holds it, the lease is renewed.
+
+With --wait, if RES is held, cooling down, DISABLED or FAULT, acquire waits in
+RES's line (the line tasks wait in) and takes the lease the moment its turn
+comes; meanwhile it says on stderr who holds RES, until when, and its place in
+line. --wait=TIMEOUT gives up after TIMEOUT and exits 3, like flock -w.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			return a.withLeases(ctx, owner, func(c *client.Client) error {
-				l, err := c.AcquireLease(ctx, args[0], owner, ttl)
+				wctx, opts, inLine := a.waitInLine(ctx, &wait)
+				l, err := c.AcquireLease(wctx, args[0], owner, ttl, opts...)
+				inLine()
 				if err != nil {
 					return err
 				}
@@ -96,6 +104,7 @@ holds it, the lease is renewed.`,
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "who holds the lease (required)")
 	cmd.Flags().DurationVar(&ttl, "ttl", defaultLeaseTTL, "how long the lease lasts unless renewed")
+	wait.register(cmd.Flags())
 	return cmd
 }
 
@@ -154,19 +163,24 @@ holder. No lease on RES: exit 4.`,
 }
 
 func (a *app) leaseLsCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "ls",
+	var p pageFlags
+	cmd := &cobra.Command{
+		Use:   "ls [--limit N | --all]",
 		Short: "List the current leases",
 		Long: `Ls lists every live lease. With --json it prints an array of objects with
 resource, owner, expires_at and revision.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := p.check(); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			return a.withClient(ctx, "gantry-lease", func(c *client.Client) error {
 				ls, err := c.Leases(ctx)
 				if err != nil {
 					return err
 				}
+				ls = page(a, p, ls, "leases", false)
 				if a.json {
 					return a.printJSON(ls)
 				}
@@ -174,13 +188,16 @@ resource, owner, expires_at and revision.`,
 			})
 		},
 	}
+	p.register(cmd.Flags(), "leases")
+	return cmd
 }
 
 func (a *app) leaseRunCommand() *cobra.Command {
 	var owner string
 	var ttl time.Duration
+	var wait waitFlags
 	cmd := &cobra.Command{
-		Use:   "run RES [--owner O] [--ttl D] -- CMD [ARGS...]",
+		Use:   "run RES [--owner O] [--ttl D] [--wait[=TIMEOUT]] -- CMD [ARGS...]",
 		Short: "Run a command while holding the lease on a resource",
 		Long: `Run checks and acquires the lease on RES, starts CMD, renews the lease every
 TTL/3 while CMD runs, releases it when CMD ends and exits with CMD's exit code.
@@ -188,6 +205,10 @@ TTL/3 while CMD runs, releases it when CMD ends and exits with CMD's exit code.
 - If another owner holds RES (or RES is cooling down), it exits 3 without
   starting CMD, naming the holder and its expiry. A DISABLED or FAULT resource
   is refused with exit 1.
+- With --wait, it waits in RES's line instead (the line tasks wait in), saying
+  on stderr who holds RES, until when, and its place in line, and starts CMD
+  the moment its turn comes. --wait=TIMEOUT gives up after TIMEOUT and exits
+  3 without starting CMD, like flock -w.
 - If CMD cannot start, it exits 127 (not found) or 126 (not executable), like
   a shell, and releases the lease: the resource moves to RUNNING only once
   CMD has started.
@@ -216,15 +237,16 @@ TTL/3 while CMD runs, releases it when CMD ends and exits with CMD's exit code.
 				host, _ := os.Hostname()
 				owner = fmt.Sprintf("%s/%d", host, os.Getpid())
 			}
-			return a.leaseRun(cmd.Context(), args[0], owner, ttl, args[1:])
+			return a.leaseRun(cmd.Context(), args[0], owner, ttl, &wait, args[1:])
 		},
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "who holds the lease (default <host>/<pid>)")
 	cmd.Flags().DurationVar(&ttl, "ttl", defaultLeaseTTL, "lease TTL; renewed every TTL/3")
+	wait.register(cmd.Flags())
 	return cmd
 }
 
-func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Duration, argv []string) error {
+func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Duration, wait *waitFlags, argv []string) error {
 	trees, err := proctree.New(proctree.Config{Shim: shimPath()})
 	if err != nil {
 		return err
@@ -234,7 +256,9 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 		return err
 	}
 	defer a.closeClient(cl)
-	rh, err := cl.HoldLease(ctx, resource, owner, ttl)
+	wctx, opts, inLine := a.waitInLine(ctx, wait)
+	rh, err := cl.HoldLease(wctx, resource, owner, ttl, opts...)
+	inLine()
 	if err != nil {
 		return err
 	}

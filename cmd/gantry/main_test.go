@@ -67,7 +67,15 @@ type logLine struct {
 // process and waits for its ready line, returning the line.
 func startGantry(t testing.TB, args ...string) (*exec.Cmd, logLine) {
 	t.Helper()
+	return startGantryIn(t, "", args...)
+}
+
+// startGantryIn is startGantry with the child's working directory dir (""
+// for this one's).
+func startGantryIn(t testing.TB, dir string, args ...string) (*exec.Cmd, logLine) {
+	t.Helper()
 	cmd := gantryCmd(t, append(args, "--log-format", "json")...)
+	cmd.Dir = dir
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +94,7 @@ func startGantry(t testing.TB, args ...string) (*exec.Cmd, logLine) {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			var l logLine
-			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "ready" {
+			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == readyMsg {
 				ready <- l
 			}
 			t.Log(sc.Text())

@@ -25,10 +25,14 @@ import (
 	"github.com/gantry-dev/gantry/internal/proxytest"
 )
 
-// scrape reads addr's /metrics, returning the text and its families.
-func scrape(t *testing.T, addr string) (string, map[string]*dto.MetricFamily) {
+// scrape reads /metrics of base (the ready line's http), returning the
+// text and its families.
+func scrape(t *testing.T, base string) (string, map[string]*dto.MetricFamily) {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	if !strings.HasPrefix(base, "http://") {
+		t.Fatalf("ready line's http = %q, want http://host:port", base)
+	}
+	resp, err := http.Get(base + "/metrics")
 	if err != nil {
 		t.Fatalf("GET /metrics: %v", err)
 	}
@@ -157,7 +161,7 @@ alerts:
 				return nil
 			}
 		}
-		runInProcess(t, "route", "probe", "bad", "--server", url)
+		runInProcess(t, "route", "probe", "bad", "--apply", "--server", url)
 		return fmt.Errorf("route bad is not in COOLDOWN yet")
 	})
 	// The failing webhook is being retried, and tasks ran all the same.

@@ -47,7 +47,7 @@ func (p *process) addHTTP(addr string, nc *nats.Conn) error {
 	}
 	h, err := newHTTPServer(addr, p.log.With("component", "http"), p.reg)
 	if err != nil {
-		return withCode(exitFailure, err)
+		return listenError("--http-listen", "HTTP_LISTEN", err)
 	}
 	if nc != nil {
 		js, err := jetstream.New(nc)
@@ -61,7 +61,7 @@ func (p *process) addHTTP(addr string, nc *nats.Conn) error {
 	}
 	p.http = h
 	p.g.Add(h.Run, func(error) { h.Stop() })
-	p.attrs = append(p.attrs, "http", h.Addr())
+	p.attrs = append(p.attrs, "http", "http://"+h.Addr())
 	return nil
 }
 
@@ -121,8 +121,14 @@ func (p *process) addActor(name string, a actor) {
 // context is cancelled; it keeps the whole shutdown within 10 s.
 const stopGrace = 7 * time.Second
 
-// run runs the group until a signal or an actor's error. It logs "ready" once
-// every component that reports readiness is ready. A signal is a clean stop.
+// readyMsg is the message of the one log line that says a gantry process
+// serves: clients can connect and every component runs. Nothing else logs
+// it (nats-server's own "Server is ready" goes to debug).
+const readyMsg = "gantry ready"
+
+// run runs the group until a signal or an actor's error. It logs readyMsg,
+// with the listen URLs, once every component that reports readiness is
+// ready. A signal is a clean stop.
 func (p *process) run() error {
 	done := make(chan struct{})
 	p.g.Add(func() error {
@@ -133,7 +139,7 @@ func (p *process) run() error {
 				return nil
 			}
 		}
-		p.log.Info("ready", p.attrs...)
+		p.log.Info(readyMsg, p.attrs...)
 		<-done
 		return nil
 	}, func(error) { close(done) })

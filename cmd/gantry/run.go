@@ -17,8 +17,9 @@ func (a *app) runCommand() *cobra.Command {
 		Use:   "run",
 		Short: "Run the embedded broker and every component in one process",
 		Long: `Run starts the embedded NATS JetStream broker and every gantry component in
-one process, and logs a line containing "ready" once clients can connect and
-every component runs. SIGINT or SIGTERM drains and stops it.
+one process, and logs the line "gantry ready" (with the NATS and HTTP URLs)
+once clients can connect and every component runs. SIGINT or SIGTERM drains
+and stops it. It uses every section of the config file.
 
 The workers take the flags of 'gantry worker' (--queue, --concurrency,
 --prioritize...): by default they run the queue "default". Exec tasks'
@@ -39,7 +40,7 @@ func (a *app) run(ctx context.Context, sf *serverFlags, wf *workerFlags, changed
 	if _, err := wf.config(slog.New(slog.DiscardHandler)); err != nil {
 		return err
 	}
-	return a.serve(ctx, sf, func(p *process, b *broker.Broker, cfg *config.File, log *slog.Logger) error {
+	return a.serve(ctx, sf, allSections(), func(p *process, b *broker.Broker, cfg *config.File, log *slog.Logger) error {
 		// Keeper: registers the config's resources (an existing one keeps its
 		// state), records lease expiries (LEASE_EXPIRED) and returns resources
 		// whose holder's lease is gone to AVAILABLE (or FAULT, by policy).

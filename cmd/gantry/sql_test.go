@@ -47,7 +47,7 @@ func startGantryLogs(t *testing.T, env []string, args ...string) (*exec.Cmd, log
 		for sc.Scan() {
 			fmt.Fprintln(logs, sc.Text())
 			var l logLine
-			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "ready" {
+			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == readyMsg {
 				ready <- l
 			}
 			t.Log(sc.Text())

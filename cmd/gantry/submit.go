@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
+	"github.com/gantry-dev/gantry/internal/logging"
 )
 
 // submitFlags are the flags of 'gantry submit'.
@@ -137,12 +139,18 @@ func (a *app) submit(ctx context.Context, typ string, f *submitFlags) error {
 			ctx, cancel = context.WithTimeout(ctx, f.waitTimeout)
 			defer cancel()
 		}
-		rec, err := c.Wait(ctx, sub.ID)
+		// On a terminal, a line follows the task's state; piped, nothing.
+		prog := startProgress(a.stderr, !a.json && logging.IsTerminal(a.stderr), sub.ID, 100*time.Millisecond)
+		rec, err := c.Wait(ctx, sub.ID, client.OnUpdate(prog.update))
+		prog.end()
+		if errors.Is(err, client.ErrGaveUp) && f.waitTimeout > 0 {
+			return withCode(exitWaitTimeout, fmt.Errorf("task %s has not ended within --wait-timeout %v; it goes on ('gantry task get %s')", sub.ID, f.waitTimeout, sub.ID))
+		}
 		if err != nil {
 			return err
 		}
 		if a.json {
-			if err := a.printJSON(rec); err != nil {
+			if err := a.printJSON(taskView(rec)); err != nil {
 				return err
 			}
 		} else {

@@ -55,9 +55,6 @@ type workerFlags struct {
 	dataDir string
 	// presence is how often the workers write their presence entry.
 	presence time.Duration
-	// httpListen is 'gantry worker's --http-listen ('gantry run' has its
-	// own).
-	httpListen string
 }
 
 func (f *workerFlags) register(cmd *cobra.Command) {
@@ -73,9 +70,9 @@ func (f *workerFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.maxAttempts, "max-attempts", 5, "default attempts of a task before NEEDS_REVIEW (a task's max_attempts wins)")
 	fl.DurationVar(&f.backoffBase, "backoff-base", time.Second, "retry n waits min(base*2^(n-1), max) with ±20% jitter")
 	fl.DurationVar(&f.backoffMax, "backoff-max", 5*time.Minute, "longest wait between retries")
-	fl.DurationVar(&f.delay, "delay", 30*time.Second, "wait of a delayed retry without a hint (delay exit code, resource unavailable)")
+	fl.DurationVar(&f.delay, "delay", 30*time.Second, "wait of a delayed retry without a hint (delay exit code)")
 	fl.DurationVar(&f.noHandler, "no-handler-delay", 5*time.Second, "wait before a task no handler answered on gantry.handlers.<type> is tried again; not an attempt, bounded by --max-delays")
-	fl.IntVar(&f.maxDelays, "max-delays", 1000, "delayed retries of one task (busy resource, rate limit, no handler...) before NEEDS_REVIEW")
+	fl.IntVar(&f.maxDelays, "max-delays", 1000, "delayed retries of one task (rate limit, no handler...) before NEEDS_REVIEW")
 	fl.DurationVar(&f.hbWindow, "handler-heartbeat-window", 5*time.Second, "a remote handler that sent a progress heartbeat and then stays silent this long has lost its attempt")
 	fl.DurationVar(&f.timeout, "task-timeout", 10*time.Minute, "default timeout of one attempt (a task's timeout wins)")
 	fl.IntVar(&f.maxPayload, "max-payload", 1<<20, "largest task message in bytes; a larger one is rejected")
@@ -217,8 +214,8 @@ func parseTypePolicy(s string) (string, workers.Policy, error) {
 }
 
 // fromConfig fills the settings the command line left alone from the
-// config file's workers section, and takes its databases, reading each DSN
-// from where the file says.
+// config file's workers section ('gantry run', 'gantry worker'), and takes
+// its databases, reading each DSN from where the file says.
 func (f *workerFlags) fromConfig(cfg *config.File, changed func(name string) bool) error {
 	if r := cfg.Workers.TaskRetention; r != nil && !changed("task-retention") {
 		f.retention = retentionValue(*r)
@@ -271,7 +268,7 @@ func (p *process) addWorkers(ctx context.Context, f *workerFlags, log *slog.Logg
 	}
 	cfg.Routes = picker
 	cfg.Metrics = p.reg
-	cfg.Version = gantryVersion()
+	cfg.Version = readVersion().Gantry
 	w, err := workers.New(cfg, nc)
 	if err != nil {
 		picker.Close()
@@ -282,10 +279,12 @@ func (p *process) addWorkers(ctx context.Context, f *workerFlags, log *slog.Logg
 }
 
 func (a *app) workerCommand() *cobra.Command {
-	var f workerFlags
-	var configPath string
+	var (
+		f  workerFlags
+		cf componentFlags
+	)
 	cmd := &cobra.Command{
-		Use:   "worker [--queue Q[=N]]... [flags]",
+		Use:   "worker [--config FILE] [--queue Q[=N]]... [flags]",
 		Short: "Run task workers alone, connected to a broker with --server",
 		Long: `Worker runs only the task workers, connected to a broker with --server, for
 a system split across machines ('gantry run' includes them).
@@ -303,34 +302,42 @@ whenever the workers are about to run out.
 
 Failures are classified: retryable ones (non-zero exit, timeout, 5xx, reset)
 wait min(base*2^(n-1), max) with jitter; delayed ones (429/503 Retry-After,
-busy resource, route cooldown, delay exit codes) wait for the hint without
-using up an attempt; permanent ones (bad input, 4xx, fail exit codes, unknown
-type) go to NEEDS_REVIEW at once, as does a task out of attempts.
+route cooldown, delay exit codes) wait for the hint without using up an
+attempt; permanent ones (bad input, 4xx, fail exit codes, unknown
+type) go to NEEDS_REVIEW at once, as does a task out of attempts. A task
+whose resource is busy, DISABLED or FAULT waits in the resource's line,
+keeping its delivery, and starts the moment its turn comes.
 
 Built-in types: noop, exec, http, sql (on the databases of --config). Any
 other type is sent as a request to gantry.handlers.<type>. See
 docs/tasks.md and docs/sql.md. An exec task's checkpoint file is under
 <data>/checkpoints; a worker removes the files a killed worker left there
-when it starts.`,
+when it starts.
+
+Every worker also runs a keeper: it registers the resources of the config
+file (an existing one keeps its state), records lease expiries and
+reclaims resources whose holder is gone. Several keepers are safe.
+
+Started before its broker, a worker waits for it (--connect-timeout); it
+logs every loss and return of the broker.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.worker(cmd.Context(), &f, configPath, cmd.Flags().Changed)
+			return a.worker(cmd.Context(), &f, &cf, cmd.Flags().Changed)
 		},
 	}
 	f.register(cmd)
 	cmd.AddCommand(a.workerLsCommand())
-	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose databases (for sql tasks) and workers section this worker uses")
+	cf.register(cmd, "workers, resources and databases (for sql tasks) sections")
 	cmd.Flags().StringVar(&f.dataDir, "data", defaultDataDir(), "data directory; exec tasks' checkpoint files are under <data>/checkpoints")
-	cmd.Flags().StringVar(&f.httpListen, "http-listen", "", "host:port of /healthz, /readyz and /metrics (the workers' own metrics); empty: no HTTP")
 	return cmd
 }
 
-func (a *app) worker(ctx context.Context, f *workerFlags, configPath string, changed func(name string) bool) error {
+func (a *app) worker(ctx context.Context, f *workerFlags, cf *componentFlags, changed func(string) bool) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
 	}
-	cfg, err := (&serverFlags{configPath: configPath}).loadConfig()
+	cfg, err := cf.load()
 	if err != nil {
 		return err
 	}
@@ -340,7 +347,8 @@ func (a *app) worker(ctx context.Context, f *workerFlags, configPath string, cha
 	if _, err := f.config(log); err != nil {
 		return err
 	}
-	nc, js, err := a.client.connect("gantry-worker", nats.MaxReconnects(-1))
+	logSections(log, cf.configPath, cfg, "workers", "resources", "databases")
+	nc, js, err := a.connectComponent(ctx, log, cf, "gantry-worker")
 	if err != nil {
 		return err
 	}
@@ -349,7 +357,7 @@ func (a *app) worker(ctx context.Context, f *workerFlags, configPath string, cha
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "queues", strings.Join(f.queues, ","))
 
 	// HTTP, when asked for: /healthz, /readyz and the workers' /metrics.
-	if err := p.addHTTP(f.httpListen, nc); err != nil {
+	if err := p.addHTTP(cf.httpListen, nc); err != nil {
 		nc.Close()
 		return err
 	}
@@ -364,10 +372,10 @@ func (a *app) worker(ctx context.Context, f *workerFlags, configPath string, cha
 		return fmt.Errorf("workers: %w", err)
 	}
 
-	// Keeper: records lease expiries and reclaims resources whose holder is
-	// gone, so a system without 'gantry run' still has one (several are
-	// safe: each expiry is recorded once).
-	if err := p.addKeeper(js, log, nil); err != nil {
+	// Keeper: registers the config's resources, records lease expiries and
+	// reclaims resources whose holder is gone, so a system without 'gantry
+	// run' still has one (several are safe: each expiry is recorded once).
+	if err := p.addKeeper(js, log, resourceSpecs(cfg)); err != nil {
 		nc.Close()
 		return fmt.Errorf("keeper: %w", err)
 	}
