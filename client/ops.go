@@ -164,23 +164,49 @@ func (c *Client) PurgeTasks(ctx context.Context, f BulkFilter) (BulkResult, erro
 		return BulkResult{}, fmt.Errorf("%w: state %q: want SUCCEEDED, NEEDS_REVIEW or CANCELLED (a live task cannot be purged; cancel it)", ErrInvalid, f.State)
 	}
 	return c.bulk(ctx, f, func(ctx context.Context, r TaskRecord) error {
-		store, err := c.taskStore(ctx)
-		if err != nil {
-			return err
-		}
-		cur, rev, err := store.Get(ctx, r.ID)
-		if err != nil {
-			return err
-		}
-		if cur.State != f.State {
-			return fmt.Errorf("%w: task %s is %s now", ErrChanged, r.ID, cur.State)
-		}
-		if err := store.DeleteAt(ctx, r.ID, rev); err != nil {
-			return err
-		}
-		return c.em.Emit(ctx, wire.Event{Type: wire.EventTaskPurged, TaskID: r.ID, ResourceID: r.Resource, JobID: r.Job,
-			Message: "record purged by an operator", Payload: audit.Payload(map[string]any{"state": cur.State, "queue": cur.Queue, "type": cur.Type})})
+		return c.purge(ctx, r.ID, func(cur TaskRecord) error {
+			if cur.State != f.State {
+				return fmt.Errorf("%w: task %s is %s now", ErrChanged, r.ID, cur.State)
+			}
+			return nil
+		})
 	})
+}
+
+// PurgeTask removes the record of one ended task (SUCCEEDED, NEEDS_REVIEW
+// or CANCELLED), with a TASK_PURGED event, as PurgeTasks does for many; its
+// events stay in the audit store. A live task is ErrInvalid: cancel it
+// first.
+func (c *Client) PurgeTask(ctx context.Context, id string) error {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	return c.purge(ctx, id, func(cur TaskRecord) error {
+		if !cur.State.Terminal() {
+			return fmt.Errorf("%w: task %s is %s: only an ended task can be purged (cancel it first)", ErrInvalid, id, cur.State)
+		}
+		return nil
+	})
+}
+
+// purge deletes the record of task id, at the revision read, if check
+// passes for it, and emits TASK_PURGED.
+func (c *Client) purge(ctx context.Context, id string, check func(TaskRecord) error) error {
+	store, err := c.taskStore(ctx)
+	if err != nil {
+		return err
+	}
+	cur, rev, err := store.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := check(cur); err != nil {
+		return err
+	}
+	if err := store.DeleteAt(ctx, id, rev); err != nil {
+		return err
+	}
+	return c.em.Emit(ctx, wire.Event{Type: wire.EventTaskPurged, TaskID: id, ResourceID: cur.Resource, JobID: cur.Job,
+		Message: "record purged by an operator", Payload: audit.Payload(map[string]any{"state": cur.State, "queue": cur.Queue, "type": cur.Type})})
 }
 
 // bulk applies op to every task f selects, unless f.DryRun.

@@ -106,6 +106,8 @@ var eventSubjects = map[EventType]string{
 	EventQueueResumed: "queue.resumed",
 	EventTaskPurged:   "task.purged",
 
+	EventDashboardAction: "dashboard.action",
+
 	EventAlertNeedsReview:   "alert.needs_review",
 	EventAlertLongRunning:   "alert.long_running",
 	EventAlertRouteDown:     "alert.route_down",

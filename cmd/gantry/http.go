@@ -22,6 +22,7 @@ type httpServer struct {
 	log    *slog.Logger
 	ln     net.Listener
 	srv    *http.Server
+	mux    *http.ServeMux
 	mu     sync.Mutex
 	checks map[string]check
 }
@@ -44,6 +45,7 @@ func newHTTPServer(addr string, log *slog.Logger, reg *prometheus.Registry) (*ht
 		ErrorHandling: promhttp.ContinueOnError,
 		Registry:      reg,
 	}))
+	h.mux = mux
 	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return h, nil
 }

@@ -84,6 +84,7 @@ Start everything in one process with 'gantry run'.`,
 		a.statsCommand(),
 		a.queueCommand(),
 		a.alertdCommand(),
+		a.uiCommand(),
 	)
 	// 'gantry completion bash|zsh|fish|powershell', cobra's own, added now
 	// so that the walk below covers it.

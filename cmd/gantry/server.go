@@ -162,6 +162,10 @@ func (a *app) addServing(p *process, b *broker.Broker, sf *serverFlags, cfg *con
 	if err := p.addSystemMetrics(httpConn); err != nil {
 		return err
 	}
+	// Dashboard: the web dashboard at / on the same listener (see ui.go).
+	if err := p.addDashboard(httpConn, cfg); err != nil {
+		return err
+	}
 	if add == nil {
 		return nil
 	}
