@@ -15,7 +15,7 @@ LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
 NODE_EXAMPLES ?= examples/handlers/node
 
-.PHONY: help build run test bench lint cross tidy-check fmt-check vet tools node-examples
+.PHONY: help build run test bench lint cross tidy-check fmt-check vet tools node-examples screenshots
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-z-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -28,6 +28,9 @@ run: build ## start the whole system in one process with the example config (NAT
 
 test: fmt-check vet tidy-check node-examples bin/nats ## gofmt check, go vet, go mod tidy check, the Node example's modules, the nats CLI, go test -race
 	$(GO) test -race -count=1 -timeout 9m $(PKGS)
+
+screenshots: ## retake the dashboard's screenshots in docs/screenshots (headless chromium)
+	$(GO) test -count=1 -run 'TestDashboardInBrowser$$' ./cmd/gantry -update-screenshots
 
 tools: bin/nats ## install the nats CLI into bin/ (the docs test runs the docs' nats lines with it)
 

@@ -41,6 +41,7 @@ var funcs = template.FuncMap{
 	"navKey": navKey,
 	"lower":  func(v any) string { return strings.ToLower(fmt.Sprint(v)) },
 	"dict":   dict,
+	"add":    func(a, b int) int { return a + b },
 	"ago":    ago,
 	"clock":  clock,
 	"stamp":  stamp,
