@@ -32,7 +32,7 @@ func (s *serverFlags) register(cmd *cobra.Command) {
 	f.StringVar(&s.configPath, "config", "", "YAML config file (see examples/gantry.yaml)")
 	f.StringVar(&s.dataDir, "data", defaultDataDir(), "data directory for streams, buckets and the audit store")
 	f.StringVar(&s.natsListen, "nats-listen", "127.0.0.1:4222", "host:port NATS clients connect to; beyond loopback needs auth.users in the config")
-	f.StringVar(&s.httpListen, "http-listen", "127.0.0.1:8420", "host:port of /healthz, /readyz and /metrics; empty turns HTTP off")
+	f.StringVar(&s.httpListen, "http-listen", "127.0.0.1:8420", "host:port of the dashboard, /healthz, /readyz and /metrics; empty turns HTTP off")
 	f.StringVar(&s.sync, "sync", string(broker.SyncInterval), "disk flush policy: interval (fast; a power cut can lose the last --sync-interval of writes) or always (fsync before every ack, ~50x slower writes)")
 	f.DurationVar(&s.syncInterval, "sync-interval", time.Second, "flush interval under --sync interval")
 }
