@@ -250,6 +250,10 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Referrer-Policy", "same-origin")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'; form-action 'self'")
+	if r.URL.Path == "/favicon.ico" {
+		r = r.Clone(r.Context())
+		r.URL.Path = "/static/favicon.svg"
+	}
 	if strings.HasPrefix(r.URL.Path, "/static/") {
 		w.Header().Set("Cache-Control", "public, max-age=3600")
 		d.static.ServeHTTP(w, r)

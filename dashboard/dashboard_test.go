@@ -184,7 +184,7 @@ func TestLocalDashboard(t *testing.T) {
 	b := setup(t, dashboard.Config{}, false)
 	addResource(t, b.c, "cam1")
 	hc := b.browser(t)
-	for _, path := range []string{"/", "/tasks", "/resources", "/resources/cam1", "/routes", "/jobs", "/audit", "/static/app.css", "/static/app.js"} {
+	for _, path := range []string{"/", "/tasks", "/resources", "/resources/cam1", "/routes", "/jobs", "/audit", "/static/app.css", "/static/app.js", "/favicon.ico"} {
 		if r := do(t, hc, "GET", b.srv.URL+path, nil, nil); r.status != http.StatusOK {
 			t.Errorf("GET %s = %d, want 200:\n%s", path, r.status, r.body)
 		}

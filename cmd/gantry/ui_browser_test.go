@@ -87,7 +87,7 @@ func startBrowser(t *testing.T, path string) (context.Context, *consoleLog) {
 			}
 			if m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleException {
 				log.mu.Lock()
-				log.errs = append(log.errs, fmt.Sprintf("%s: %s", m.Type, m.Text))
+				log.errs = append(log.errs, fmt.Sprintf("%s: %s (%s)", m.Type, m.Text, m.URL))
 				log.mu.Unlock()
 			}
 		}
