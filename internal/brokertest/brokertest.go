@@ -6,6 +6,10 @@ package brokertest
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -90,4 +94,23 @@ func Logger(t testing.TB) *slog.Logger {
 		level = slog.LevelWarn
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// FreePorts returns n loopback ports that were free a moment ago, for the
+// listeners a test must name before they start (a cluster's routes). They
+// are drawn below the kernel's ephemeral range, so that the outgoing
+// connections of other tests cannot take them meanwhile.
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ports []int
+	for len(ports) < n {
+		p := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil || slices.Contains(ports, p) {
+			continue
+		}
+		ln.Close()
+		ports = append(ports, p)
+	}
+	return ports
 }
