@@ -64,8 +64,9 @@ func auditStoreDir(dataDir string) string { return filepath.Join(dataDir, "audit
 
 func (a *app) auditdCommand() *cobra.Command {
 	var (
-		af      auditdFlags
-		dataDir string
+		af         auditdFlags
+		dataDir    string
+		httpListen string
 	)
 	cmd := &cobra.Command{
 		Use:   "auditd",
@@ -82,20 +83,21 @@ machines.`,
 		Example: `  gantry auditd --server nats://broker-host:4222 --data /var/lib/gantry --audit-retention 90d`,
 		Args:    exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.auditd(cmd.Context(), dataDir, &af)
+			return a.auditd(cmd.Context(), dataDir, httpListen, &af)
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data", defaultDataDir(), "data directory; the audit store is <data>/audit")
+	httpFlag(cmd.Flags(), &httpListen)
 	af.register(cmd.Flags())
 	return cmd
 }
 
-func (a *app) auditd(ctx context.Context, dataDir string, af *auditdFlags) error {
+func (a *app) auditd(ctx context.Context, dataDir, httpListen string, af *auditdFlags) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
 	}
-	nc, _, err := a.client.connect("gantry-auditd", nats.MaxReconnects(-1))
+	nc, _, err := a.client.connect("gantry-auditd", componentOptions(log)...)
 	if err != nil {
 		return err
 	}
@@ -106,6 +108,12 @@ func (a *app) auditd(ctx context.Context, dataDir string, af *auditdFlags) error
 	}
 	p := newProcess(log)
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "audit_dir", auditStoreDir(dataDir))
+
+	// HTTP: /healthz and /readyz (unready while cut off from the broker).
+	if err := a.addComponentHTTP(p, httpListen, nc); err != nil {
+		p.abort()
+		return err
+	}
 	p.addSignals(ctx)
 	p.addActor("auditd", svc)
 	err = p.run()

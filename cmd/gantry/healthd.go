@@ -17,7 +17,7 @@ import (
 )
 
 func (a *app) healthdCommand() *cobra.Command {
-	var configPath string
+	var configPath, httpListen string
 	cmd := &cobra.Command{
 		Use:   "healthd --config FILE",
 		Short: "Probe the egress routes of the config file and keep their health in gantry_routes",
@@ -42,19 +42,20 @@ ROUTE_RECOVERED are audit events; 'gantry route probe ID' asks for a probe
 now. Routes stored in gantry_routes but absent from the config are marked
 DISABLED. Run one healthd per set of routes.`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.healthd(cmd.Context(), configPath) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.healthd(cmd.Context(), configPath, httpListen) },
 	}
 	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose routes to probe (see examples/gantry.yaml)")
+	httpFlag(cmd.Flags(), &httpListen)
 	return cmd
 }
 
-func (a *app) healthd(ctx context.Context, configPath string) error {
+func (a *app) healthd(ctx context.Context, configPath, httpListen string) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
 	}
 	cfg, cfgErr := (&serverFlags{configPath: configPath}).loadConfig()
-	nc, js, err := a.client.connect("gantry-healthd", nats.MaxReconnects(-1))
+	nc, js, err := a.client.connect("gantry-healthd", componentOptions(log)...)
 	if cfgErr != nil {
 		if err == nil {
 			a.rejectConfig(ctx, log, js, cfgErr)
@@ -74,6 +75,12 @@ func (a *app) healthd(ctx context.Context, configPath string) error {
 	p := newProcess(log)
 	p.conns = append(p.conns, nc)
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "routes", len(cfg.Routes))
+
+	// HTTP: /healthz and /readyz (unready while cut off from the broker).
+	if err := a.addComponentHTTP(p, httpListen, nc); err != nil {
+		p.abort()
+		return err
+	}
 
 	// Signals: SIGINT and SIGTERM stop healthd cleanly.
 	p.addSignals(ctx)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/run"
+	"github.com/spf13/pflag"
 
 	"github.com/gantry-dev/gantry/broker"
 )
@@ -25,6 +27,8 @@ type process struct {
 	attrs []any
 	http  *httpServer
 	conns []*nats.Conn
+	// httpTLS, when set, makes HTTP serve TLS.
+	httpTLS *tls.Config
 }
 
 func newProcess(log *slog.Logger) *process { return &process{log: log} }
@@ -44,11 +48,20 @@ func (p *process) addHTTP(addr string, nc *nats.Conn) error {
 	if err != nil {
 		return withCode(exitFailure, err)
 	}
+	if p.httpTLS != nil {
+		h.ln = tls.NewListener(h.ln, p.httpTLS)
+	}
 	if nc != nil {
 		js, err := jetstream.New(nc)
 		if err != nil {
 			return err
 		}
+		h.addCheck("nats", func(context.Context) error {
+			if !nc.IsConnected() {
+				return fmt.Errorf("cut off from the broker (%s)", nc.Status())
+			}
+			return nil
+		})
 		h.addCheck("jetstream", func(ctx context.Context) error {
 			_, err := js.AccountInfo(ctx)
 			return err
@@ -58,6 +71,20 @@ func (p *process) addHTTP(addr string, nc *nats.Conn) error {
 	p.g.Add(h.Run, func(error) { h.Stop() })
 	p.attrs = append(p.attrs, "http", h.Addr())
 	return nil
+}
+
+// addComponentHTTP serves a component process's /healthz and /readyz on
+// addr, unless it is empty: /readyz fails while the process is cut off
+// from the broker. Beyond loopback it needs the process to authenticate,
+// as the broker's listeners do.
+func (a *app) addComponentHTTP(p *process, addr string, nc *nats.Conn) error {
+	if addr == "" {
+		return nil
+	}
+	if !broker.IsLoopback(hostOf(addr)) && !a.client.authenticated() {
+		return withCode(exitUsage, fmt.Errorf("%w: --http-listen %q is not a loopback address; connect with credentials (--user, --nkey, --creds or a TLS certificate) or listen on 127.0.0.1", broker.ErrInsecureListen, addr))
+	}
+	return p.addHTTP(addr, nc)
 }
 
 // connect opens an in-process connection for one component, closed when the
@@ -150,4 +177,9 @@ func (p *process) abort() {
 		_ = p.http.ln.Close()
 	}
 	p.drainConns()
+}
+
+// httpFlag registers a component command's --http-listen.
+func httpFlag(fs *pflag.FlagSet, addr *string) {
+	fs.StringVar(addr, "http-listen", "", "host:port of /healthz and /readyz (unready while cut off from the broker); empty turns HTTP off")
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,7 +19,10 @@ type app struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 
-	client    clientFlags
+	client clientFlags
+	// abort ends the command's context with a cause: a permission the
+	// broker refused.
+	abort     context.CancelCauseFunc
 	json      bool
 	logFormat string
 	logLevel  string
@@ -32,7 +36,13 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
+	ctx, a.abort = context.WithCancelCause(ctx)
+	defer a.abort(nil)
 	err := root.ExecuteContext(ctx)
+	var perm *permissionError
+	if err != nil && errors.As(context.Cause(ctx), &perm) {
+		err = perm
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "gantry: %v\n", err)
 	}

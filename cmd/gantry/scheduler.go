@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
@@ -81,6 +80,7 @@ func newScheduler(cfg scheduler.Config, js jetstream.JetStream) (*scheduler.Sche
 func (a *app) schedulerCommand() *cobra.Command {
 	var (
 		configPath string
+		httpListen string
 		sf         schedulerFlags
 	)
 	cmd := &cobra.Command{
@@ -101,14 +101,15 @@ gantry_scheduler bucket (--leader-ttl); the others take over when it stops
 Nats-Msg-Id "<job>-<planned unix seconds>", so a fire is never doubled by a
 failover. See docs/scheduler.md for the policies.`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.scheduler(cmd.Context(), configPath, &sf) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.scheduler(cmd.Context(), configPath, httpListen, &sf) },
 	}
 	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose jobs to apply at start (see examples/gantry.yaml)")
+	httpFlag(cmd.Flags(), &httpListen)
 	sf.register(cmd)
 	return cmd
 }
 
-func (a *app) scheduler(ctx context.Context, configPath string, sf *schedulerFlags) error {
+func (a *app) scheduler(ctx context.Context, configPath, httpListen string, sf *schedulerFlags) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
@@ -124,13 +125,19 @@ func (a *app) scheduler(ctx context.Context, configPath string, sf *schedulerFla
 		}
 		return err
 	}
-	nc, js, err := a.client.connect("gantry-scheduler", nats.MaxReconnects(-1))
+	nc, js, err := a.client.connect("gantry-scheduler", componentOptions(log)...)
 	if err != nil {
 		return err
 	}
 	p := newProcess(log)
 	p.conns = append(p.conns, nc)
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "jobs", len(scfg.Jobs))
+
+	// HTTP: /healthz and /readyz (unready while cut off from the broker).
+	if err := a.addComponentHTTP(p, httpListen, nc); err != nil {
+		p.abort()
+		return err
+	}
 
 	// Signals: SIGINT and SIGTERM stop the scheduler cleanly; a leader
 	// resigns so another takes over at once.

@@ -41,6 +41,7 @@ type workerFlags struct {
 	maxPayload  int
 	killGrace   time.Duration
 	retention   retentionValue
+	httpListen  string // gantry worker only
 }
 
 func (f *workerFlags) register(cmd *cobra.Command) {
@@ -261,6 +262,7 @@ gantry.handlers.<type>. See docs/tasks.md.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.worker(cmd.Context(), &f) },
 	}
 	f.register(cmd)
+	httpFlag(cmd.Flags(), &f.httpListen)
 	return cmd
 }
 
@@ -272,13 +274,19 @@ func (a *app) worker(ctx context.Context, f *workerFlags) error {
 	if _, err := f.config(log); err != nil {
 		return err
 	}
-	nc, js, err := a.client.connect("gantry-worker", nats.MaxReconnects(-1))
+	nc, js, err := a.client.connect("gantry-worker", componentOptions(log)...)
 	if err != nil {
 		return err
 	}
 	p := newProcess(log)
 	p.conns = append(p.conns, nc)
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "queues", strings.Join(f.queues, ","))
+
+	// HTTP: /healthz and /readyz (unready while cut off from the broker).
+	if err := a.addComponentHTTP(p, f.httpListen, nc); err != nil {
+		p.abort()
+		return err
+	}
 
 	// Signals: SIGINT and SIGTERM stop taking tasks; running ones get 5 s
 	// to finish, then are interrupted and handed back to the broker.
