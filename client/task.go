@@ -129,6 +129,15 @@ func (c *Client) Submit(ctx context.Context, t Task) (Submitted, error) {
 			return Submitted{}, err
 		}
 		if owner != body.ID {
+			// A claim whose task has no record was left by a submit that
+			// failed (its undo failed too): the key is free.
+			if _, _, gerr := store.Get(ctx, owner); errors.Is(gerr, tasks.ErrNotFound) {
+				if owner, err = cps.TakeKey(ctx, body.Key, owner, body.ID, KeyWindow); err != nil {
+					return Submitted{}, err
+				}
+			}
+		}
+		if owner != body.ID {
 			return Submitted{ID: owner, Duplicate: true}, nil
 		}
 	}

@@ -38,6 +38,7 @@ const (
 // checkpoints (key cp.<task id>), operation keys (op.<task id>.<hash>) and
 // task dedupe keys (key.<hash>).
 type CheckpointStore struct {
+	js jetstream.JetStream
 	kv jetstream.KeyValue
 }
 
@@ -48,7 +49,7 @@ func NewCheckpointStore(ctx context.Context, js jetstream.JetStream) (*Checkpoin
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketCheckpoints, err)
 	}
-	return &CheckpointStore{kv: b}, nil
+	return &CheckpointStore{js: js, kv: b}, nil
 }
 
 func checkpointKey(taskID string) string { return "cp." + taskID }
@@ -170,6 +171,32 @@ func (s *CheckpointStore) ClaimKey(ctx context.Context, key, taskID string, ttl 
 		return "", fmt.Errorf("read key %q: %w", key, err)
 	}
 	return string(e.Value()), nil
+}
+
+// TakeKey moves dedupe key's claim from task from to task to, for ttl, by
+// compare-and-swap: for a claim left behind by a submit that failed and
+// could not release it (the claiming task has no record). It returns the
+// key's owner afterwards: to, or the task that claimed it meanwhile.
+func (s *CheckpointStore) TakeKey(ctx context.Context, key, from, to string, ttl time.Duration) (string, error) {
+	k := dedupeKey(key)
+	e, err := s.kv.Get(ctx, k)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return s.ClaimKey(ctx, key, to, ttl)
+	}
+	if err != nil {
+		return "", fmt.Errorf("read key %q: %w", key, err)
+	}
+	if string(e.Value()) != from {
+		return string(e.Value()), nil
+	}
+	_, err = s.js.PublishMsg(ctx, kv.Msg(wire.BucketCheckpoints, k, []byte(to), ttl), jetstream.WithExpectLastSequencePerSubject(e.Revision()))
+	if kv.Conflict(err) {
+		return s.TakeKey(ctx, key, from, to, ttl)
+	}
+	if err != nil {
+		return "", fmt.Errorf("take key %q: %w", key, err)
+	}
+	return to, nil
 }
 
 // ReleaseKey gives up taskID's claim on dedupe key, so that the key can be

@@ -149,9 +149,17 @@ func (d *delivery) run(ctx context.Context) {
 	// A redelivery: what happened before is in the task's record. A sorted
 	// task may have been cancelled while it waited for its turn.
 	if meta.NumDelivered > 1 || sorted {
-		prev, _, err := w.tasks.Get(ctx, id)
+		var prev wire.TaskRecord
+		err := d.persist(ctx, func(ctx context.Context) error {
+			var err error
+			prev, _, err = w.tasks.Get(ctx, id)
+			if errors.Is(err, tasks.ErrNotFound) {
+				return nil
+			}
+			return err
+		})
 		switch {
-		case errors.Is(err, tasks.ErrNotFound):
+		case prev.ID == "":
 		case err != nil:
 			w.log.Warn("read task state", "task_id", id, "err", err)
 			d.nak(time.Second)
@@ -176,7 +184,12 @@ func (d *delivery) run(ctx context.Context) {
 	}
 
 	if task.Key != "" {
-		owner, err := w.cps.ClaimKey(ctx, task.Key, id, w.cfg.KeyTTL)
+		var owner string
+		err := d.persist(ctx, func(ctx context.Context) error {
+			var err error
+			owner, err = w.cps.ClaimKey(ctx, task.Key, id, w.cfg.KeyTTL)
+			return err
+		})
 		if err != nil {
 			w.log.Warn("claim task key", "task_id", id, "err", err)
 			d.nak(time.Second)
@@ -490,11 +503,41 @@ func (d *delivery) write(ctx context.Context) {
 			return
 		}
 	}
-	// The pipelined put failed: once more, waiting.
-	ctx, cancel := context.WithTimeout(ctx, ackTimeout)
-	defer cancel()
-	if _, err2 := d.w.tasks.Put(ctx, d.rec); err2 != nil {
+	// The pipelined put failed: again, waiting, until the bucket has it.
+	if err2 := d.persist(ctx, func(ctx context.Context) error {
+		_, err := d.w.tasks.Put(ctx, d.rec)
+		return err
+	}); err2 != nil {
 		d.w.log.Error("write task state", "task_id", d.rec.ID, "state", d.rec.State, "err", errors.Join(err, err2))
+	}
+}
+
+// persistFor bounds how long persist keeps trying: longer than a cluster
+// takes to elect a new leader, shorter than a stopping worker may wait.
+const persistFor = time.Minute
+
+// persist runs op, a read or write of the broker's that the delivery cannot
+// do without, until it succeeds, for up to persistFor, keeping the delivery
+// meanwhile (InProgress): a broker restarting or a cluster electing a new
+// stream leader costs neither an attempt nor a redelivery.
+func (d *delivery) persist(ctx context.Context, op func(context.Context) error) error {
+	deadline := time.Now().Add(persistFor)
+	wait := 50 * time.Millisecond
+	for {
+		octx, cancel := context.WithTimeout(ctx, ackTimeout)
+		err := op(octx)
+		cancel()
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) || errors.Is(err, kv.ErrInvalid) {
+			return err
+		}
+		d.w.log.Debug("broker unavailable, trying again", "task_id", d.rec.ID, "err", err)
+		_ = d.msg.InProgress()
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
 	}
 }
 
