@@ -101,7 +101,9 @@ gantry_scheduler bucket (--leader-ttl); the others take over when it stops
 Nats-Msg-Id "<job>-<planned unix seconds>", so a fire is never doubled by a
 failover. See docs/scheduler.md for the policies.`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.scheduler(cmd.Context(), configPath, httpListen, &sf) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.scheduler(cmd.Context(), configPath, httpListen, &sf)
+		},
 	}
 	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose jobs to apply at start (see examples/gantry.yaml)")
 	httpFlag(cmd.Flags(), &httpListen)
