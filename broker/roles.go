@@ -27,8 +27,9 @@ const (
 	// RoleAuditd runs 'gantry auditd': the audit stream's consumer and the
 	// audit service.
 	RoleAuditd Role = "auditd"
-	// RoleSubmitter publishes tasks and reads their state ('gantry submit',
-	// 'gantry task get|ls').
+	// RoleSubmitter publishes tasks and reads their state ('gantry submit
+	// --publish-only', 'gantry task get|ls'); it writes no task record, so
+	// it cannot cancel or relabel a task.
 	RoleSubmitter Role = "submitter"
 	// RoleViewer reads: tasks, leases, resources, jobs, routes, the audit
 	// trail and its queries.
@@ -182,9 +183,7 @@ func RolePermissions(r Role) (Permissions, error) {
 			SubscribeAllow: []string{inboxAll, wire.SubjectAuditQuery, wire.SubjectAuditBackup, wire.SubjectAuditStats, srvAll},
 			Responses:      true}, nil
 	case RoleSubmitter:
-		pub := append(readAll(), wire.SubjectTasksAll, kvPrefix+wire.BucketTasks+".>",
-			kvPrefix+wire.BucketCheckpoints+".key.>", wire.EventTaskCreated.Subject())
-		return Permissions{PublishAllow: pub, SubscribeAllow: readSubscribe}, nil
+		return Permissions{PublishAllow: append(readAll(), wire.SubjectTasksAll), SubscribeAllow: readSubscribe}, nil
 	case RoleViewer:
 		return Permissions{PublishAllow: readAll(), SubscribeAllow: readSubscribe}, nil
 	case RoleLeaf:

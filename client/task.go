@@ -185,6 +185,28 @@ func (c *Client) Submit(ctx context.Context, t Task) (Submitted, error) {
 	return Submitted{ID: body.ID}, nil
 }
 
+// Publish publishes t on gantry.tasks.<queue>.<type> and nothing else, as
+// any NATS client may: the worker that takes it records it, emits
+// TASK_CREATED and claims its key (a task whose key belongs to another is
+// then rejected as a duplicate). It is Submit for a user whose role may
+// publish tasks but not write task records (the submitter role).
+func (c *Client) Publish(ctx context.Context, t Task) (Submitted, error) {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	body, err := t.wire()
+	if err != nil {
+		return Submitted{}, err
+	}
+	msg, err := tasks.NewMsg(t.Queue, t.Type, body)
+	if err != nil {
+		return Submitted{}, err
+	}
+	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
+		return Submitted{}, fmt.Errorf("publish task %s: %w", body.ID, err)
+	}
+	return Submitted{ID: body.ID}, nil
+}
+
 // Wait watches task id until it ends (SUCCEEDED, NEEDS_REVIEW or
 // CANCELLED) and returns its record. It waits as long as ctx: when ctx
 // ends first, the error matches ErrGaveUp (and ctx's error); the task may
