@@ -131,6 +131,9 @@ func TestRolesRunComponents(t *testing.T) {
 		if v := append(p.logged("Violation"), p.logged("broker refused")...); len(v) > 0 {
 			t.Errorf("%s: the broker refused a component its role's subjects: %v", p.name, v)
 		}
+		if secret := p.logged("pw-"); len(secret) > 0 {
+			t.Errorf("%s logged a password: %v", p.name, secret)
+		}
 	}
 	for _, p := range comps {
 		p.stop(t)
