@@ -261,6 +261,16 @@ func (c *cluster) killStreamLeader(t *testing.T, js jetstream.JetStream) int {
 // streamEventIDs reads the ids of every event in GANTRY_AUDIT.
 func streamEventIDs(t *testing.T, ctx context.Context, js jetstream.JetStream) map[string]bool {
 	t.Helper()
+	ids := map[string]bool{}
+	for id := range streamEventCounts(t, ctx, js) {
+		ids[id] = true
+	}
+	return ids
+}
+
+// streamEventCounts counts the messages of each event id in GANTRY_AUDIT.
+func streamEventCounts(t *testing.T, ctx context.Context, js jetstream.JetStream) map[string]int {
+	t.Helper()
 	s, err := js.Stream(ctx, wire.StreamAudit)
 	if err != nil {
 		t.Fatal(err)
@@ -273,7 +283,7 @@ func streamEventIDs(t *testing.T, ctx context.Context, js jetstream.JetStream) m
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := map[string]bool{}
+	ids := map[string]int{}
 	for got := uint64(0); got < info.State.Msgs; {
 		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
@@ -287,7 +297,7 @@ func streamEventIDs(t *testing.T, ctx context.Context, js jetstream.JetStream) m
 			if err := json.Unmarshal(m.Data(), &ev); err != nil {
 				t.Fatalf("audit message %q: %v", m.Data(), err)
 			}
-			ids[ev.ID] = true
+			ids[ev.ID]++
 		}
 		if batch.Error() != nil {
 			t.Fatal(batch.Error())
