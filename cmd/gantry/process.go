@@ -148,7 +148,9 @@ func (p *process) run() error {
 	}, func(error) { close(done) })
 	err := p.g.Run()
 	p.drainConns()
-	if errors.Is(err, run.ErrSignal) {
+	// A signal, or the end of the context (the Windows service stopping),
+	// is a clean stop.
+	if errors.Is(err, run.ErrSignal) || errors.Is(err, context.Canceled) {
 		p.log.Info("stopped", "reason", err.Error())
 		return nil
 	}

@@ -82,6 +82,7 @@ Start everything in one process with 'gantry run'.`,
 		a.submitCommand(),
 		a.taskCommand(),
 		a.workerCommand(),
+		a.serviceCommand(),
 	)
 	return root
 }
