@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -118,4 +119,70 @@ func TestLeafOffline(t *testing.T) {
 	}
 	central.stop(t)
 	desk.stop(t)
+}
+
+// TestComponentsReconnect runs each component as its own process against a
+// broker that is stopped and started again: while it is down every
+// component's /readyz fails and its log says it is disconnected; once it
+// is back they reconnect, say so, are ready again, and the work goes on.
+func TestComponentsReconnect(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("stops and restarts a broker")
+	}
+	port := brokertest.FreePorts(t, 1)[0]
+	url := "nats://" + addr(port)
+	brokerArgs := []string{"broker", "--data", t.TempDir(), "--nats-listen", addr(port), "--http-listen", ""}
+	brk := spawn(t, "broker", brokerArgs...)
+	brk.waitReady(t, 30*time.Second)
+	var comps []*proc
+	var readyz []string
+	for _, c := range [][]string{{"worker"}, {"scheduler"}, {"healthd"}, {"auditd", "--data", t.TempDir()}} {
+		p := spawn(t, c[0], append([]string{"--server", url}, append(c, "--http-listen", "127.0.0.1:0")...)...)
+		comps = append(comps, p)
+		readyz = append(readyz, "http://"+p.waitReady(t, 30*time.Second).HTTP+"/readyz")
+	}
+	status := func(u string) int {
+		resp, err := http.Get(u)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	allStatus := func(want int) func() error {
+		return func() error {
+			for i, u := range readyz {
+				if got := status(u); got != want {
+					return fmt.Errorf("%s /readyz = %d, want %d", comps[i].name, got, want)
+				}
+			}
+			return nil
+		}
+	}
+	checkFor(t, 10*time.Second, allStatus(http.StatusOK))
+
+	brk.stop(t)
+	checkFor(t, 10*time.Second, allStatus(http.StatusServiceUnavailable))
+	for _, p := range comps {
+		if len(p.logged("disconnected from the broker")) == 0 {
+			t.Errorf("%s did not log its disconnect", p.name)
+		}
+	}
+
+	brk = spawn(t, "broker'", brokerArgs...)
+	brk.waitReady(t, 30*time.Second)
+	checkFor(t, 20*time.Second, allStatus(http.StatusOK))
+	for _, p := range comps {
+		if len(p.logged("reconnected to the broker")) == 0 {
+			t.Errorf("%s did not log its reconnect", p.name)
+		}
+	}
+	code, _, stderr := runInProcess(t, "--server", url, "submit", "noop", "--wait", "--wait-timeout", "20s")
+	if code != exitOK {
+		t.Errorf("submit --wait after the broker's restart = exit %d, stderr %q", code, stderr)
+	}
+	for _, p := range comps {
+		p.stop(t)
+	}
 }
