@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,12 +28,19 @@ func TestLeafOffline(t *testing.T) {
 		t.Skip("stops and restarts a hub")
 	}
 	ports := brokertest.FreePorts(t, 3)
-	hubURL, leafURL, deskURL := "nats://"+addr(ports[0]), "nats-leaf://"+addr(ports[1]), "nats://"+addr(ports[2])
-	hubArgs := []string{"broker", "--name", "hub", "--data", t.TempDir(), "--nats-listen", addr(ports[0]), "--http-listen", "",
+	hubURL, leafURL, deskURL := "nats://"+addr(ports[0]), "nats-leaf://press:pw-leaf@"+addr(ports[1]), "nats://"+addr(ports[2])
+	// The hub authenticates: the desktop attaches as a user of the role
+	// leaf, the central auditd runs as auditd.
+	hubCfg := filepath.Join(t.TempDir(), "hub.yaml")
+	doc := "auth:\n  users:\n    - {user: op, password: pw-op}\n    - {user: auditd, password: pw-auditd, role: auditd}\n    - {user: press, password: pw-leaf, role: leaf}\n"
+	if err := os.WriteFile(hubCfg, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hubArgs := []string{"broker", "--config", hubCfg, "--name", "hub", "--data", t.TempDir(), "--nats-listen", addr(ports[0]), "--http-listen", "",
 		"--leaf-listen", addr(ports[1]), "--leaf-domains", "desk"}
 	hub := spawn(t, "hub", hubArgs...)
 	hub.waitReady(t, 30*time.Second)
-	central := spawn(t, "central-auditd", "--server", hubURL, "auditd", "--data", t.TempDir())
+	central := spawn(t, "central-auditd", "--server", hubURL, "--user", "auditd", "--password", "pw-auditd", "auditd", "--data", t.TempDir())
 	central.waitReady(t, 30*time.Second)
 	desk := spawn(t, "desk", "run", "--name", "desk", "--leaf", leafURL, "--domain", "desk", "--data", t.TempDir(),
 		"--nats-listen", addr(ports[2]), "--http-listen", "")
@@ -68,7 +77,7 @@ func TestLeafOffline(t *testing.T) {
 	// The hub returns: the desktop's events reach the central store.
 	hub = spawn(t, "hub'", hubArgs...)
 	hub.waitReady(t, 30*time.Second)
-	hc, err := client.Connect(ctx, client.Options{Servers: hubURL})
+	hc, err := client.Connect(ctx, client.Options{Servers: hubURL, User: "op", Password: "pw-op"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,6 +125,14 @@ func TestLeafOffline(t *testing.T) {
 	}
 	if finished != 7 {
 		t.Errorf("central store holds %d TASK_FINISHED events of the desktop's workers, want 7", finished)
+	}
+	for _, p := range []*proc{hub, desk, central} {
+		if v := p.logged("Violation"); len(v) > 0 {
+			t.Errorf("%s: permissions violations: %v", p.name, v)
+		}
+		if secret := p.logged("pw-leaf"); len(secret) > 0 {
+			t.Errorf("%s logged the leaf link's password: %v", p.name, secret)
+		}
 	}
 	central.stop(t)
 	desk.stop(t)

@@ -83,6 +83,7 @@ Start everything in one process with 'gantry run'.`,
 		a.taskCommand(),
 		a.workerCommand(),
 		a.serviceCommand(),
+		a.roleCommand(),
 	)
 	return root
 }
