@@ -97,6 +97,9 @@ func (a *app) auditd(ctx context.Context, dataDir, httpListen string, af *auditd
 	if err != nil {
 		return err
 	}
+	if err := a.checkComponentHTTP(httpListen); err != nil {
+		return err
+	}
 	nc, _, err := a.client.connect("gantry-auditd", componentOptions(log)...)
 	if err != nil {
 		return err

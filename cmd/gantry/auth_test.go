@@ -228,3 +228,29 @@ func refused(t *testing.T, url, role, subject string) {
 		t.Errorf("publish %s as %s: no permissions violation within 5s", subject, role)
 	}
 }
+
+// TestInsecureListenersRefused: HTTP, routes and leaf links beyond
+// loopback without authentication (or route TLS) are refused, exit 2.
+func TestInsecureListenersRefused(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--http-listen", "0.0.0.0:0"}, "--http-listen"},
+		{[]string{"broker", "--http-listen", "0.0.0.0:0"}, "--http-listen"},
+		{[]string{"broker", "--cluster", "0.0.0.0:0", "--routes", "nats-route://127.0.0.1:1"}, "tls.cluster"},
+		{[]string{"broker", "--leaf-listen", "0.0.0.0:0"}, "leaf listen"},
+		{[]string{"worker", "--http-listen", "0.0.0.0:0", "--server", "nats://127.0.0.1:1"}, "--http-listen"},
+		{[]string{"broker", "--routes", "nats-route://127.0.0.1:1"}, "--cluster"},
+	} {
+		args := append(tc.args, "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--log-format", "json")
+		if tc.args[0] == "worker" {
+			args = append(tc.args, "--log-format", "json")
+		}
+		code, _, stderr := runInProcess(t, args...)
+		if code != exitUsage || !strings.Contains(stderr, tc.want) {
+			t.Errorf("gantry %v = exit %d, stderr %q; want exit 2 mentioning %s", tc.args, code, stderr, tc.want)
+		}
+	}
+}

@@ -54,6 +54,9 @@ func (a *app) healthd(ctx context.Context, configPath, httpListen string) error 
 	if err != nil {
 		return err
 	}
+	if err := a.checkComponentHTTP(httpListen); err != nil {
+		return err
+	}
 	cfg, cfgErr := (&serverFlags{configPath: configPath}).loadConfig()
 	nc, js, err := a.client.connect("gantry-healthd", componentOptions(log)...)
 	if cfgErr != nil {

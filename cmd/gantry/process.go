@@ -73,16 +73,21 @@ func (p *process) addHTTP(addr string, nc *nats.Conn) error {
 	return nil
 }
 
+// checkComponentHTTP refuses a component's --http-listen beyond loopback
+// unless the process authenticates, as the broker's listeners need.
+func (a *app) checkComponentHTTP(addr string) error {
+	if addr != "" && !broker.IsLoopback(hostOf(addr)) && !a.client.authenticated() {
+		return withCode(exitUsage, fmt.Errorf("%w: --http-listen %q is not a loopback address; connect with credentials (--user, --nkey, --creds or a TLS certificate) or listen on 127.0.0.1", broker.ErrInsecureListen, addr))
+	}
+	return nil
+}
+
 // addComponentHTTP serves a component process's /healthz and /readyz on
 // addr, unless it is empty: /readyz fails while the process is cut off
-// from the broker. Beyond loopback it needs the process to authenticate,
-// as the broker's listeners do.
+// from the broker.
 func (a *app) addComponentHTTP(p *process, addr string, nc *nats.Conn) error {
 	if addr == "" {
 		return nil
-	}
-	if !broker.IsLoopback(hostOf(addr)) && !a.client.authenticated() {
-		return withCode(exitUsage, fmt.Errorf("%w: --http-listen %q is not a loopback address; connect with credentials (--user, --nkey, --creds or a TLS certificate) or listen on 127.0.0.1", broker.ErrInsecureListen, addr))
 	}
 	return p.addHTTP(addr, nc)
 }

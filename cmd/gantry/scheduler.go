@@ -127,6 +127,9 @@ func (a *app) scheduler(ctx context.Context, configPath, httpListen string, sf *
 		}
 		return err
 	}
+	if err := a.checkComponentHTTP(httpListen); err != nil {
+		return err
+	}
 	nc, js, err := a.client.connect("gantry-scheduler", componentOptions(log)...)
 	if err != nil {
 		return err

@@ -274,6 +274,9 @@ func (a *app) worker(ctx context.Context, f *workerFlags) error {
 	if _, err := f.config(log); err != nil {
 		return err
 	}
+	if err := a.checkComponentHTTP(f.httpListen); err != nil {
+		return err
+	}
 	nc, js, err := a.client.connect("gantry-worker", componentOptions(log)...)
 	if err != nil {
 		return err
