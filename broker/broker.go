@@ -117,6 +117,9 @@ type Config struct {
 	// allow listening beyond loopback. Defaults to none (no authentication,
 	// loopback only).
 	Users []User
+	// Operator, when set, runs the broker in NATS operator mode: users are
+	// creds files (JWTs) signed by its account, instead of Users.
+	Operator *Operator
 	// TLS, when set, makes the client listener require TLS.
 	TLS *TLS
 	// ServerName names this server; required to tell servers of a cluster
@@ -151,6 +154,10 @@ type Broker struct {
 	host         string
 	port         int
 	internalUser User
+	// internalJWT and internalSeed are the in-process user in operator
+	// mode.
+	internalJWT  string
+	internalSeed []byte
 
 	// mu guards started and srv: Start claims the broker and sets srv
 	// under it, so a Shutdown during Start finds the server.
@@ -399,6 +406,9 @@ func (b *Broker) Connect(name string, opts ...nats.Option) (*nats.Conn, error) {
 	base := []nats.Option{nats.Name(name), nats.InProcessServer(srv), nats.MaxReconnects(-1)}
 	if b.internalUser.Name != "" {
 		base = append(base, nats.UserInfo(b.internalUser.Name, b.internalUser.Password))
+	}
+	if b.internalJWT != "" {
+		base = append(base, nats.UserJWTAndSeed(b.internalJWT, string(b.internalSeed)))
 	}
 	nc, err := nats.Connect("", append(base, opts...)...)
 	if err != nil {

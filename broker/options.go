@@ -19,7 +19,10 @@ import (
 // needs authentication, users need credentials and a known role, the
 // cluster and leaf settings need addresses.
 func (cfg *Config) validate(host string) error {
-	authed := len(cfg.Users) > 0 || (cfg.TLS != nil && cfg.TLS.Verify)
+	authed := len(cfg.Users) > 0 || cfg.Operator != nil || (cfg.TLS != nil && cfg.TLS.Verify)
+	if cfg.Operator != nil && len(cfg.Users) > 0 {
+		return errors.New("operator mode takes its users from creds files: configure users or an operator, not both")
+	}
 	if !cfg.DontListen && !IsLoopback(host) && !authed {
 		return fmt.Errorf("%w: %q is not a loopback address; configure users (auth.users in the config file) or listen on 127.0.0.1", ErrInsecureListen, cfg.Listen)
 	}
@@ -65,7 +68,7 @@ func (cfg *Config) validate(host string) error {
 		if err != nil {
 			return fmt.Errorf("leaf listen address %q: %w", l.Listen, err)
 		}
-		if !IsLoopback(h) && len(cfg.Users) == 0 && (l.TLS == nil || !l.TLS.Verify) {
+		if !IsLoopback(h) && len(cfg.Users) == 0 && cfg.Operator == nil && (l.TLS == nil || !l.TLS.Verify) {
 			return fmt.Errorf("%w: leaf listen %q is not a loopback address; configure users (a user with role leaf) or verified TLS", ErrInsecureListen, l.Listen)
 		}
 	}
@@ -135,6 +138,11 @@ func (b *Broker) serverOptions() (*server.Options, error) {
 				continue
 			}
 			opts.Users = append(opts.Users, &server.User{Username: u.Name, Password: u.Password, Permissions: perms})
+		}
+	}
+	if cfg.Operator != nil {
+		if err := b.operatorOptions(opts); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.TLS != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/gantry-dev/gantry/broker"
+	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/config"
 )
 
@@ -253,4 +254,44 @@ func TestInsecureListenersRefused(t *testing.T) {
 			t.Errorf("gantry %v = exit %d, stderr %q; want exit 2 mentioning %s", tc.args, code, stderr, tc.want)
 		}
 	}
+}
+
+// TestOperatorCreds runs the broker in operator mode: users are creds files
+// minted with 'gantry role creds'; a worker runs under its creds, an
+// operator's task runs, a viewer reads, and the worker's creds cannot
+// write gantry_jobs.
+func TestOperatorCreds(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	op, acc, seed, sys := brokertest.OperatorFiles(t, dir)
+	cfg := filepath.Join(dir, "gantry.yaml")
+	doc := fmt.Sprintf("auth:\n  operator: {jwt: %q, account: %q, account_seed: %q, system_account: %q}\n", op, acc, seed, sys)
+	if err := os.WriteFile(cfg, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	brk := spawn(t, "broker", "broker", "--config", cfg, "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
+	url := brk.waitReady(t, 30*time.Second).NATS
+	creds := map[string]string{}
+	for _, r := range []string{"operator", "worker", "viewer"} {
+		creds[r] = filepath.Join(dir, r+".creds")
+		if code, _, stderr := runInProcess(t, "role", "creds", r, "--name", "test-"+r, "--account-seed", seed, "--out", creds[r]); code != exitOK {
+			t.Fatalf("role creds %s = exit %d, stderr %q", r, code, stderr)
+		}
+	}
+	worker := spawn(t, "worker", "--server", url, "--creds", creds["worker"], "worker")
+	worker.waitReady(t, 30*time.Second)
+	if code, _, stderr := runInProcess(t, "--server", url, "--creds", creds["operator"], "submit", "noop", "--wait", "--wait-timeout", "20s"); code != exitOK {
+		t.Errorf("submit --wait as the operator = exit %d, stderr %q", code, stderr)
+	}
+	if code, _, stderr := runInProcess(t, "--server", url, "--creds", creds["viewer"], "task", "ls"); code != exitOK {
+		t.Errorf("task ls as a viewer = exit %d, stderr %q", code, stderr)
+	}
+	code, _, stderr := runInProcess(t, "--server", url, "--creds", creds["worker"], "job", "add", "evil", "--type", "noop", "--every", "1m")
+	if code != exitFailure || !strings.Contains(stderr, "permission denied") || !strings.Contains(stderr, "gantry_jobs") {
+		t.Errorf("job add with worker creds = exit %d, stderr %q; want exit 1, permission denied naming gantry_jobs", code, stderr)
+	}
+	if v := append(worker.logged("Violation"), worker.logged("broker refused")...); len(v) > 0 {
+		t.Errorf("the worker under its creds was refused: %v", v)
+	}
+	worker.stop(t)
 }

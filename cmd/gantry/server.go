@@ -145,6 +145,9 @@ func (s *serverFlags) brokerConfig(cfg *config.File) (broker.Config, error) {
 	for _, u := range cfg.Auth.Users {
 		bc.Users = append(bc.Users, broker.User{Name: u.User, Password: u.Password, NKey: u.NKey, Role: broker.Role(u.Role)})
 	}
+	if o := cfg.Auth.Operator; o != nil {
+		bc.Operator = &broker.Operator{OperatorJWT: o.JWT, AccountJWT: o.Account, AccountSeed: o.AccountSeed, SystemAccountJWT: o.SystemAccount}
+	}
 	fb, c := cfg.Broker, s.cluster
 	bc.ServerName = cmp.Or(c.name, fb.Name)
 	bc.Replicas = cmp.Or(c.replicas, fb.Replicas)
@@ -230,7 +233,7 @@ func (a *app) serve(ctx context.Context, sf *serverFlags, add components) error 
 		return err
 	}
 	// HTTP beyond loopback only with authentication configured, as NATS.
-	if sf.httpListen != "" && !broker.IsLoopback(hostOf(sf.httpListen)) && len(cfg.Auth.Users) == 0 {
+	if sf.httpListen != "" && !broker.IsLoopback(hostOf(sf.httpListen)) && !cfg.Auth.Configured() {
 		return withCode(exitUsage, fmt.Errorf("%w: --http-listen %q is not a loopback address; configure users (auth.users in the config file) or listen on 127.0.0.1", broker.ErrInsecureListen, sf.httpListen))
 	}
 	b, err := sf.startBroker(ctx, cfg, log)

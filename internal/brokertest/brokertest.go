@@ -8,13 +8,17 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/gantry-dev/gantry/broker"
 )
@@ -113,4 +117,52 @@ func FreePorts(t testing.TB, n int) []int {
 		ports = append(ports, p)
 	}
 	return ports
+}
+
+// OperatorFiles writes, under dir, the files of a NATS operator-mode set-up
+// for a test: the operator's JWT, the JWT of an account with JetStream and
+// of the system account (both signed by the operator), and the account's
+// seed.
+func OperatorFiles(t testing.TB, dir string) (operatorJWT, accountJWT, accountSeed, systemJWT string) {
+	t.Helper()
+	opKP, err := nkeys.CreateOperator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	account := func(name string, js bool) (nkeys.KeyPair, string, string) {
+		kp, err := nkeys.CreateAccount()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := kp.PublicKey()
+		ac := jwt.NewAccountClaims(pub)
+		ac.Name = name
+		if js {
+			ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+		}
+		token, err := ac.Encode(opKP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kp, pub, token
+	}
+	accKP, _, accToken := account("gantry", true)
+	_, sysPub, sysToken := account("SYS", false)
+	opPub, _ := opKP.PublicKey()
+	oc := jwt.NewOperatorClaims(opPub)
+	oc.SystemAccount = sysPub
+	opToken, err := oc.Encode(opKP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := accKP.Seed()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	return write("operator.jwt", []byte(opToken)), write("account.jwt", []byte(accToken)), write("account.nk", seed),
+		write("system.jwt", []byte(sysToken))
 }

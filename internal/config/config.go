@@ -55,10 +55,32 @@ type Workers struct {
 	TaskRetention *Retention `yaml:"task_retention"`
 }
 
-// Auth lists the broker's users.
+// Auth lists the broker's users, or the operator whose creds files (JWTs)
+// it accepts instead.
 type Auth struct {
 	Users []User `yaml:"users"`
+	// Operator runs the broker in NATS operator mode: users are creds
+	// files minted with 'gantry role creds'.
+	Operator *Operator `yaml:"operator"`
 }
+
+// Operator is a NATS operator-mode set-up (files made with nsc or
+// otherwise).
+type Operator struct {
+	// JWT is the operator's JWT file.
+	JWT string `yaml:"jwt"`
+	// Account is the JWT file of the account gantry's users belong to,
+	// with JetStream enabled.
+	Account string `yaml:"account"`
+	// AccountSeed is the account's seed file: the broker signs its
+	// in-process user with it.
+	AccountSeed string `yaml:"account_seed"`
+	// SystemAccount is the JWT file of the operator's system account.
+	SystemAccount string `yaml:"system_account"`
+}
+
+// Configured reports whether the broker authenticates its clients.
+func (a Auth) Configured() bool { return len(a.Users) > 0 || a.Operator != nil }
 
 // User is one broker user: a user name and password, or an NKey's public
 // key, with the role that says what it may do (docs/deployment.md).
@@ -318,6 +340,14 @@ func (f *File) validate() error {
 		}
 		if u.Role != "" && !slices.Contains(Roles, u.Role) {
 			return fmt.Errorf("auth.users[%d]: role %q: want one of %s", i, u.Role, strings.Join(Roles, ", "))
+		}
+	}
+	if o := f.Auth.Operator; o != nil {
+		if len(f.Auth.Users) > 0 {
+			return errors.New("auth: users or operator, not both (in operator mode users are creds files)")
+		}
+		if o.JWT == "" || o.Account == "" || o.AccountSeed == "" || o.SystemAccount == "" {
+			return errors.New("auth.operator: needs jwt, account, account_seed and system_account")
 		}
 	}
 	for name, t := range map[string]*TLS{"client": f.TLS.Client, "cluster": f.TLS.Cluster, "leaf": f.TLS.Leaf, "http": f.TLS.HTTP} {
