@@ -79,7 +79,9 @@ func componentOptions(log *slog.Logger) []nats.Option {
 	return []nats.Option{
 		nats.MaxReconnects(-1),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
-			log.Warn("disconnected from the broker", "err", err)
+			if !nc.IsClosed() {
+				log.Warn("disconnected from the broker", "err", err)
+			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("reconnected to the broker", "nats", nc.ConnectedUrlRedacted(), "server_name", nc.ConnectedServerName())

@@ -164,7 +164,8 @@ func TestClusterFailover(t *testing.T) {
 			if r.State == client.TaskSucceeded {
 				done++
 			} else if len(others) < 5 {
-				others = append(others, fmt.Sprintf("%s %s attempts %d deliveries %d seq %d: %s", r.ID, r.State, r.Attempts, r.Deliveries, r.Seq, r.LastError))
+				others = append(others, fmt.Sprintf("%s %s attempts %d deliveries %d seq %d (%s): %s", r.ID, r.State, r.Attempts, r.Deliveries, r.Seq,
+					inStream(ctx, js, r.Seq), r.LastError))
 			}
 		}
 		if done < n {
@@ -242,6 +243,25 @@ func TestClusterFailover(t *testing.T) {
 		return true
 	})
 	auditor.stop(t)
+}
+
+// inStream says whether the tasks stream holds seq, and what the queue's
+// consumer has delivered, for a failure message.
+func inStream(ctx context.Context, js jetstream.JetStream, seq uint64) string {
+	s, err := js.Stream(ctx, wire.StreamTasks)
+	if err != nil {
+		return err.Error()
+	}
+	_, err = s.GetMsg(ctx, seq)
+	held := "in the stream"
+	if err != nil {
+		held = "not in the stream: " + err.Error()
+	}
+	for info := range s.ListConsumers(ctx).Info() {
+		held += fmt.Sprintf("; consumer %s delivered %d ack floor %d pending %d ack pending %d redelivered %d",
+			info.Name, info.Delivered.Stream, info.AckFloor.Stream, info.NumPending, info.NumAckPending, info.NumRedelivered)
+	}
+	return held
 }
 
 // killStreamLeader SIGKILLs the broker leading the tasks stream and
