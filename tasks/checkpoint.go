@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/kv"
@@ -93,24 +94,45 @@ func (s *CheckpointStore) Save(ctx context.Context, taskID string, cp wire.Check
 
 // BeginOp marks operation op of task id as started, unless it started
 // before: then it reports OpDone or OpInDoubt and marks nothing.
+//
+// The mark names this call, so that a mark whose reply was lost (a broker
+// that died), made again, is recognised as this call's own.
 func (s *CheckpointStore) BeginOp(ctx context.Context, taskID, op string) (OpState, error) {
 	k := opKey(taskID, op)
-	_, err := s.kv.Create(ctx, k, []byte(opStarted))
-	if err == nil {
-		return OpNew, nil
-	}
-	if !errors.Is(err, jetstream.ErrKeyExists) {
+	mark := opStarted + " " + nuid.Next()
+	var st OpState
+	err := kv.Retry(ctx, storeTry, func(ctx context.Context) error {
+		_, err := s.kv.Create(ctx, k, []byte(mark))
+		if err == nil {
+			st = OpNew
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return err
+		}
+		e, err := s.kv.Get(ctx, k)
+		if err != nil {
+			return err
+		}
+		switch string(e.Value()) {
+		case mark:
+			st = OpNew
+		case opDone:
+			st = OpDone
+		default:
+			st = OpInDoubt
+		}
+		return nil
+	})
+	if err != nil {
 		return 0, fmt.Errorf("begin operation %q of %s: %w", op, taskID, err)
 	}
-	e, err := s.kv.Get(ctx, k)
-	if err != nil {
-		return 0, fmt.Errorf("read operation %q of %s: %w", op, taskID, err)
-	}
-	if string(e.Value()) == opDone {
-		return OpDone, nil
-	}
-	return OpInDoubt, nil
+	return st, nil
 }
+
+// storeTry bounds one try of a call that is made again when its reply is
+// lost.
+const storeTry = 5 * time.Second
 
 // FinishOp marks operation op of task id as done.
 func (s *CheckpointStore) FinishOp(ctx context.Context, taskID, op string) error {

@@ -90,6 +90,10 @@ type delivery struct {
 	pol  Policy
 	rec  wire.TaskRecord
 
+	// replayed marks a delivery a consumer made again after forgetting it
+	// (see spec.replayed): its delivery count may say 1.
+	replayed bool
+
 	// mu orders the state writes of the delivery: the delayed RUNNING
 	// write never lands after the final one.
 	mu    sync.Mutex
@@ -108,7 +112,7 @@ func (w *Workers) process(ctx context.Context, sp *spec, m jetstream.Msg) {
 	if sp.lane != nil {
 		sp.lane.delivered(meta.NumPending)
 	}
-	d := &delivery{w: w, msg: m, meta: meta, sp: sp}
+	d := &delivery{w: w, msg: m, meta: meta, sp: sp, replayed: sp.replayed(meta.Sequence.Consumer)}
 	d.run(ctx)
 }
 
@@ -146,9 +150,17 @@ func (d *delivery) run(ctx context.Context) {
 	d.pol.Timeout = min(d.pol.Timeout, d.pol.MaxRuntime)
 	d.rec.MaxAttempts = d.pol.MaxAttempts
 
-	// A redelivery: what happened before is in the task's record. A sorted
-	// task may have been cancelled while it waited for its turn.
-	if meta.NumDelivered > 1 || sorted {
+	// A redelivery: what happened before is in the task's record (also
+	// for a delivery the consumer forgot and made again as a first one: a
+	// task whose end is recorded never starts again). A sorted task may
+	// have been cancelled while it waited for its turn.
+	if meta.NumDelivered > 1 || sorted || d.replayed {
+		if w.isRunning(id) {
+			// Delivered again while this process runs it: the running
+			// attempt settles the message.
+			w.log.Info("task delivered again while it runs", "task_id", id)
+			return
+		}
 		var prev wire.TaskRecord
 		err := d.persist(ctx, func(ctx context.Context) error {
 			var err error

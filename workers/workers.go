@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -94,6 +95,33 @@ type spec struct {
 	// backOff is the consumer's BackOff: the ack deadline of delivery n
 	// is backOff[min(n, len)-1].
 	backOff []time.Duration
+	// lastDelivery is the highest consumer sequence this process was
+	// delivered.
+	lastDelivery atomic.Uint64
+}
+
+// replayed records a delivery's consumer sequence and reports whether this
+// process saw it or a later one before: a consumer whose leader changed
+// (a broker died) delivers again what it forgot it had delivered, under
+// the same sequences and as a first delivery.
+func (sp *spec) replayed(seq uint64) bool {
+	for {
+		last := sp.lastDelivery.Load()
+		if seq <= last {
+			return true
+		}
+		if sp.lastDelivery.CompareAndSwap(last, seq) {
+			return false
+		}
+	}
+}
+
+// isRunning reports whether this process runs task id now.
+func (w *Workers) isRunning(id string) bool {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	_, ok := w.running[id]
+	return ok
 }
 
 // New validates cfg and fills its defaults. nc is the connection to the

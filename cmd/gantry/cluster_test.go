@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -152,7 +153,14 @@ func TestClusterFailover(t *testing.T) {
 	wg.Wait()
 	victim := <-killed
 
-	// Every acknowledged task finishes SUCCEEDED.
+	// Every acknowledged task finishes SUCCEEDED. (If not, the worker's
+	// goroutines are dumped into the log: SIGQUIT.)
+	t.Cleanup(func() {
+		if t.Failed() && worker.cmd.ProcessState == nil {
+			_ = worker.cmd.Process.Signal(syscall.SIGQUIT)
+			<-worker.done
+		}
+	})
 	checkFor(t, 90*time.Second, func() error {
 		recs, err := cl.Tasks(ctx, client.TaskFilter{Type: "exec"})
 		if err != nil {
