@@ -72,6 +72,7 @@ const (
 	kvPrefix   = "$KV."
 	objPrefix  = "$O."
 	advisories = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + wire.StreamTasks + ".>"
+	elections  = "$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED." + wire.StreamTasks + ".>"
 )
 
 // kvStream is the stream behind bucket.
@@ -153,7 +154,7 @@ func RolePermissions(r Role) (Permissions, error) {
 		pub = append(pub, kvRead(wire.BucketRoutes)...)
 		pub = append(pub, events("task", "resource")...)
 		return Permissions{PublishAllow: pub,
-			SubscribeAllow: []string{inboxAll, wire.SubjectTaskCancel, advisories, srvAll},
+			SubscribeAllow: []string{inboxAll, wire.SubjectTaskCancel, advisories, elections, srvAll},
 			Responses:      true}, nil
 	case RoleScheduler:
 		pub := []string{jsInfo, wire.SubjectTasksAll, wire.SubjectTaskCancel,

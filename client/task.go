@@ -16,6 +16,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/rpc"
+	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -151,13 +152,14 @@ func (c *Client) Submit(ctx context.Context, t Task) (Submitted, error) {
 	undo := func(err error, record bool) error {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.set.timeout)
 		defer cancel()
+		// Made again while the broker fails over (both are safe to repeat).
 		if record {
-			if derr := store.Delete(uctx, body.ID); derr != nil {
+			if derr := kv.Retry(uctx, undoTry, func(ctx context.Context) error { return store.Delete(ctx, body.ID) }); derr != nil {
 				err = errors.Join(err, fmt.Errorf("remove the record of task %s: %w", body.ID, derr))
 			}
 		}
 		if cps != nil {
-			if rerr := cps.ReleaseKey(uctx, body.Key, body.ID); rerr != nil {
+			if rerr := kv.Retry(uctx, undoTry, func(ctx context.Context) error { return cps.ReleaseKey(ctx, body.Key, body.ID) }); rerr != nil {
 				err = errors.Join(err, rerr)
 			}
 		}
@@ -206,6 +208,9 @@ func (c *Client) Publish(ctx context.Context, t Task) (Submitted, error) {
 	}
 	return Submitted{ID: body.ID}, nil
 }
+
+// undoTry bounds one try of undoing a submit that failed.
+const undoTry = 2 * time.Second
 
 // Wait watches task id until it ends (SUCCEEDED, NEEDS_REVIEW or
 // CANCELLED) and returns its record. It waits as long as ctx: when ctx

@@ -112,7 +112,7 @@ func (w *Workers) process(ctx context.Context, sp *spec, m jetstream.Msg) {
 	if sp.lane != nil {
 		sp.lane.delivered(meta.NumPending)
 	}
-	d := &delivery{w: w, msg: m, meta: meta, sp: sp, replayed: sp.replayed(meta.Sequence.Consumer)}
+	d := &delivery{w: w, msg: m, meta: meta, sp: sp, replayed: w.suspect(sp, meta.Sequence.Consumer)}
 	d.run(ctx)
 }
 

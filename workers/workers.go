@@ -19,6 +19,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
 	"github.com/gantry-dev/gantry/internal/rpc"
+	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/lease"
 	"github.com/gantry-dev/gantry/tasks"
 )
@@ -44,6 +45,9 @@ type Workers struct {
 	hmu      sync.RWMutex
 	handlers map[string]Handler
 
+	// suspectUntil is until when (unix nanoseconds) every delivery reads
+	// its task's record first: a consumer leader was elected.
+	suspectUntil atomic.Int64
 	// rmu guards running and interrupting: once interruptAll has run, a
 	// task that starts is interrupted at once.
 	rmu          sync.Mutex
@@ -114,6 +118,17 @@ func (sp *spec) replayed(seq uint64) bool {
 			return false
 		}
 	}
+}
+
+// suspectFor is how long after a consumer leader election (beyond the
+// queue's AckWait) every delivery is checked against its task's record.
+const suspectFor = 30 * time.Second
+
+// suspect reports whether a delivery with consumer sequence seq may be one
+// a consumer forgot and made again: its sequence is not new to this
+// process, or a consumer leader was elected a short while ago.
+func (w *Workers) suspect(sp *spec, seq uint64) bool {
+	return sp.replayed(seq) || time.Now().UnixNano() < w.suspectUntil.Load()
 }
 
 // isRunning reports whether this process runs task id now.
@@ -339,6 +354,17 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 			return fmt.Errorf("subscribe %s: %w", advSubj, err)
 		}
 		defer func() { _ = adv.Unsubscribe() }()
+		// A new consumer leader (a broker died) may deliver again, as
+		// first deliveries, what its predecessor delivered: for a while,
+		// every delivery reads its task's record first.
+		electedSubj := "$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED." + wire.StreamTasks + "." + sp.name
+		elected, err := w.nc.Subscribe(electedSubj, func(*nats.Msg) {
+			w.suspectUntil.Store(time.Now().Add(sp.queue.AckWait + suspectFor).UnixNano())
+		})
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", electedSubj, err)
+		}
+		defer func() { _ = elected.Unsubscribe() }()
 		cons, err := w.js.CreateOrUpdateConsumer(ctx, wire.StreamTasks, w.consumerConfig(sp))
 		if err != nil {
 			return fmt.Errorf("consumer %s: %w", sp.name, err)
@@ -611,9 +637,14 @@ func withMsgID(m *nats.Msg, id string) *nats.Msg {
 // again, synchronously; its Nats-Msg-Id (the event id) stores it once
 // however often it is retried.
 func (w *Workers) republish(m *nats.Msg, cause error) {
-	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+	// Again while the audit stream fails over: the message carries its
+	// event id as Nats-Msg-Id, so it is stored once.
+	ctx, cancel := context.WithTimeout(context.Background(), persistFor)
 	defer cancel()
-	if _, err := w.js.PublishMsg(ctx, m); err != nil {
+	if err := kv.Retry(ctx, ackTimeout, func(ctx context.Context) error {
+		_, err := w.js.PublishMsg(ctx, m)
+		return err
+	}); err != nil {
 		w.log.Error("audit event lost", "subject", m.Subject, "err", errors.Join(cause, err))
 	}
 }
