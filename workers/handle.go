@@ -112,7 +112,7 @@ func (w *Workers) process(ctx context.Context, sp *spec, m jetstream.Msg) {
 	if sp.lane != nil {
 		sp.lane.delivered(meta.NumPending)
 	}
-	d := &delivery{w: w, msg: m, meta: meta, sp: sp, replayed: w.suspect(sp, meta.Sequence.Consumer)}
+	d := &delivery{w: w, msg: m, meta: meta, sp: sp, replayed: w.suspect(sp, meta)}
 	d.run(ctx)
 }
 
@@ -154,13 +154,13 @@ func (d *delivery) run(ctx context.Context) {
 	// for a delivery the consumer forgot and made again as a first one: a
 	// task whose end is recorded never starts again). A sorted task may
 	// have been cancelled while it waited for its turn.
+	if w.isRunning(id) {
+		// Delivered again while this process runs it: the running attempt
+		// settles the message.
+		w.log.Info("task delivered again while it runs", "task_id", id)
+		return
+	}
 	if meta.NumDelivered > 1 || sorted || d.replayed {
-		if w.isRunning(id) {
-			// Delivered again while this process runs it: the running
-			// attempt settles the message.
-			w.log.Info("task delivered again while it runs", "task_id", id)
-			return
-		}
 		var prev wire.TaskRecord
 		err := d.persist(ctx, func(ctx context.Context) error {
 			var err error
@@ -554,6 +554,7 @@ func (d *delivery) persist(ctx context.Context, op func(context.Context) error) 
 }
 
 func (d *delivery) ack() {
+	d.w.settled.add(d.meta.Sequence.Stream)
 	if err := d.msg.Ack(); err != nil {
 		d.w.log.Warn("ack", "task_id", d.rec.ID, "err", err)
 	}
@@ -583,6 +584,7 @@ func (d *delivery) nak(wait time.Duration) {
 }
 
 func (d *delivery) term(reason string) {
+	d.w.settled.add(d.meta.Sequence.Stream)
 	if err := d.msg.TermWithReason(reason); err != nil {
 		d.w.log.Warn("term", "task_id", d.rec.ID, "err", err)
 	}

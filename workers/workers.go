@@ -48,6 +48,9 @@ type Workers struct {
 	// suspectUntil is until when (unix nanoseconds) every delivery reads
 	// its task's record first: a consumer leader was elected.
 	suspectUntil atomic.Int64
+	// settled are the stream sequences of the messages this process acked
+	// or terminated lately.
+	settled recentSeqs
 	// rmu guards running and interrupting: once interruptAll has run, a
 	// task that starts is interrupted at once.
 	rmu          sync.Mutex
@@ -124,11 +127,43 @@ func (sp *spec) replayed(seq uint64) bool {
 // queue's AckWait) every delivery is checked against its task's record.
 const suspectFor = 30 * time.Second
 
-// suspect reports whether a delivery with consumer sequence seq may be one
-// a consumer forgot and made again: its sequence is not new to this
-// process, or a consumer leader was elected a short while ago.
-func (w *Workers) suspect(sp *spec, seq uint64) bool {
-	return sp.replayed(seq) || time.Now().UnixNano() < w.suspectUntil.Load()
+// suspect reports whether a delivery may be one a consumer forgot and made
+// again: this process acked or terminated its message before, its
+// consumer sequence is not new to this process, or a consumer leader was
+// elected a short while ago.
+func (w *Workers) suspect(sp *spec, meta *jetstream.MsgMetadata) bool {
+	return sp.replayed(meta.Sequence.Consumer) || w.settled.has(meta.Sequence.Stream) ||
+		time.Now().UnixNano() < w.suspectUntil.Load()
+}
+
+// recentSeqs remembers the last stream sequences added to it.
+type recentSeqs struct {
+	mu   sync.Mutex
+	set  map[uint64]struct{}
+	ring []uint64
+	next int
+}
+
+// settledMemory is how many settled messages a worker process remembers.
+const settledMemory = 1 << 16
+
+func (r *recentSeqs) add(seq uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.set == nil {
+		r.set, r.ring = make(map[uint64]struct{}, settledMemory), make([]uint64, settledMemory)
+	}
+	delete(r.set, r.ring[r.next])
+	r.ring[r.next] = seq
+	r.set[seq] = struct{}{}
+	r.next = (r.next + 1) % settledMemory
+}
+
+func (r *recentSeqs) has(seq uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.set[seq]
+	return ok
 }
 
 // isRunning reports whether this process runs task id now.
