@@ -154,12 +154,13 @@ func (d *delivery) run(ctx context.Context) {
 	// for a delivery the consumer forgot and made again as a first one: a
 	// task whose end is recorded never starts again). A sorted task may
 	// have been cancelled while it waited for its turn.
-	if w.isRunning(id) {
-		// Delivered again while this process runs it: the running attempt
-		// settles the message.
+	if !w.claim(id) {
+		// Delivered again while this process handles it (a replay after
+		// a failover): the delivery under way settles the message.
 		w.log.Info("task delivered again while it runs", "task_id", id)
 		return
 	}
+	defer w.release(id)
 	if meta.NumDelivered > 1 || sorted || d.replayed {
 		var prev wire.TaskRecord
 		err := d.persist(ctx, func(ctx context.Context) error {

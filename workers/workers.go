@@ -51,10 +51,12 @@ type Workers struct {
 	// settled are the stream sequences of the messages this process acked
 	// or terminated lately.
 	settled recentSeqs
-	// rmu guards running and interrupting: once interruptAll has run, a
-	// task that starts is interrupted at once.
-	rmu          sync.Mutex
-	running      map[string]context.CancelCauseFunc
+	// rmu guards running, handling and interrupting: once interruptAll
+	// has run, a task that starts is interrupted at once.
+	rmu     sync.Mutex
+	running map[string]context.CancelCauseFunc
+	// handling are the tasks whose delivery this process handles now.
+	handling     map[string]struct{}
 	interrupting bool
 
 	// cmu guards closing and the Add side of inflight.
@@ -166,12 +168,22 @@ func (r *recentSeqs) has(seq uint64) bool {
 	return ok
 }
 
-// isRunning reports whether this process runs task id now.
-func (w *Workers) isRunning(id string) bool {
+// claim marks task id as handled by this process, unless a delivery of it
+// is handled already: then it returns false. release undoes it.
+func (w *Workers) claim(id string) bool {
 	w.rmu.Lock()
 	defer w.rmu.Unlock()
-	_, ok := w.running[id]
-	return ok
+	if _, ok := w.handling[id]; ok {
+		return false
+	}
+	w.handling[id] = struct{}{}
+	return true
+}
+
+func (w *Workers) release(id string) {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	delete(w.handling, id)
 }
 
 // New validates cfg and fills its defaults. nc is the connection to the
@@ -196,6 +208,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		audit:    audit.NewEmitter(js, "workers", cfg.Clock),
 		handlers: map[string]Handler{},
 		running:  map[string]context.CancelCauseFunc{},
+		handling: map[string]struct{}{},
 		idle:     make(chan job),
 		quit:     make(chan struct{}),
 	}

@@ -101,7 +101,7 @@ func TestClusterFailover(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("jobs:\n  - {name: tick, type: noop, every: 1s}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	worker := spawn(t, "worker", "--server", c.servers(), "worker", "--concurrency", "32", "--ack-wait", "10s")
+	worker := spawn(t, "worker", "--server", c.servers(), "--log-level", "debug", "worker", "--concurrency", "32", "--ack-wait", "10s")
 	sched := spawn(t, "scheduler", "--server", c.servers(), "scheduler", "--config", cfg)
 	auditor := spawn(t, "auditd", "--server", c.servers(), "auditd", "--data", t.TempDir())
 	for _, p := range []*proc{worker, sched, auditor} {
@@ -132,7 +132,7 @@ func TestClusterFailover(t *testing.T) {
 				}
 				key := fmt.Sprintf("op-%d", i)
 				task := client.Task{Type: "exec", Key: key, Payload: client.ExecPayload{
-					Cmd: []string{"sh", "-c", "echo \"$GANTRY_TASK_ID\" >> " + filepath.Join(out, key)}}}
+					Cmd: []string{"sh", "-c", "echo \"$GANTRY_TASK_ID attempt $GANTRY_ATTEMPT\" >> " + filepath.Join(out, key)}}}
 				for attempt := 0; ; attempt++ {
 					sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
 					sub, err := cl.Submit(sctx, task)
@@ -192,7 +192,7 @@ func TestClusterFailover(t *testing.T) {
 	for i := range n {
 		data, err := os.ReadFile(filepath.Join(out, fmt.Sprintf("op-%d", i)))
 		if lines := strings.Count(string(data), "\n"); err != nil || lines != 1 {
-			t.Errorf("op-%d ran %d times (%v), want once", i, lines, err)
+			t.Errorf("op-%d ran %d times (%q, %v), want once", i, lines, data, err)
 		}
 	}
 
