@@ -4,25 +4,49 @@ BIN     ?= bin/gantry
 DATA    ?= $(CURDIR)/.gantry-data
 CONFIG  ?= examples/gantry.yaml
 PKGS    ?= ./...
+# make run NATS_LISTEN=127.0.0.1:4223 when another server holds 4222.
+NATS_LISTEN ?= 127.0.0.1:4222
+HTTP_LISTEN ?= 127.0.0.1:8420
+# 'gantry version' reports these; a build without them reads the binary's
+# build information.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
-.PHONY: help build run test bench lint cross tidy-check fmt-check vet
+NODE_EXAMPLES ?= examples/handlers/node
+
+.PHONY: help build run test bench lint cross tidy-check fmt-check vet tools node-examples
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-z-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 build: ## build bin/gantry
-	$(GO) build -o $(BIN) ./cmd/gantry
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/gantry
 
-run: build ## start the whole system in one process with the example config
-	./$(BIN) run --config $(CONFIG) --data $(DATA)
+run: build ## start the whole system in one process with the example config (NATS_LISTEN=, HTTP_LISTEN= to move it)
+	./$(BIN) run --config $(CONFIG) --data $(DATA) --nats-listen $(NATS_LISTEN) --http-listen $(HTTP_LISTEN)
 
-test: fmt-check vet tidy-check ## gofmt check, go vet, go test -race, go mod tidy check
+test: fmt-check vet tidy-check node-examples bin/nats ## gofmt check, go vet, go mod tidy check, the Node example's modules, the nats CLI, go test -race
 	$(GO) test -race -count=1 -timeout 9m $(PKGS)
+
+tools: bin/nats ## install the nats CLI into bin/ (the docs test runs the docs' nats lines with it)
+
+bin/nats:
+	GOBIN=$(CURDIR)/bin $(GO) install github.com/nats-io/natscli/nats@v0.5.0
 
 bench: ## run the benchmarks (numbers go in docs/BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
 
 lint: fmt-check vet ## gofmt check and go vet
+
+node-examples: ## install the Node handler example's modules (npm ci) for its tests; in CI a missing npm fails
+	@if command -v npm >/dev/null 2>&1; then \
+		npm ci --prefix $(NODE_EXAMPLES) --no-audit --no-fund --loglevel=error; \
+	elif [ -n "$$CI" ]; then \
+		echo "npm is missing: the Node handler example cannot be tested (install node and npm)"; exit 1; \
+	else \
+		echo "npm is missing: the Node handler example tests will be SKIPPED (install node and npm)"; \
+	fi
 
 fmt-check: ## fail if any file is not gofmt'ed
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
@@ -40,6 +64,6 @@ tidy-check: ## fail if go.mod or go.sum are not tidy
 	mv go.mod.tidy-check go.mod; mv go.sum.tidy-check go.sum; exit $$status
 
 cross: ## build for linux/amd64, darwin/arm64 and windows/amd64
-	GOOS=linux   GOARCH=amd64 $(GO) build -o bin/gantry-linux-amd64 ./cmd/gantry
-	GOOS=darwin  GOARCH=arm64 $(GO) build -o bin/gantry-darwin-arm64 ./cmd/gantry
-	GOOS=windows GOARCH=amd64 $(GO) build -o bin/gantry-windows-amd64.exe ./cmd/gantry
+	GOOS=linux   GOARCH=amd64 $(GO) build -ldflags "$(LDFLAGS)" -o bin/gantry-linux-amd64 ./cmd/gantry
+	GOOS=darwin  GOARCH=arm64 $(GO) build -ldflags "$(LDFLAGS)" -o bin/gantry-darwin-arm64 ./cmd/gantry
+	GOOS=windows GOARCH=amd64 $(GO) build -ldflags "$(LDFLAGS)" -o bin/gantry-windows-amd64.exe ./cmd/gantry

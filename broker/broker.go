@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,6 +37,11 @@ const (
 // ErrInsecureListen is returned by New when the broker would listen beyond
 // loopback without authentication.
 var ErrInsecureListen = errors.New("listening beyond loopback needs authentication")
+
+// ErrListen is returned by Start when the server cannot listen on its
+// address (another process holds the port, or the address is not this
+// machine's); Start returns it within a moment, not after ReadyTimeout.
+var ErrListen = errors.New("cannot listen")
 
 // User is a NATS user the broker accepts: a name and password, or an
 // NKey (its public key; the client proves it holds the seed).
@@ -169,6 +175,9 @@ type Broker struct {
 	// has returned.
 	stopWatch context.CancelFunc
 	watched   chan struct{}
+	// fatal receives the server's first fatal error (a listener that
+	// could not start), which it logs and does not return.
+	fatal chan error
 }
 
 // internalUserName is the user in-process components connect as when
@@ -207,7 +216,7 @@ func New(cfg Config) (*Broker, error) {
 		port = server.RANDOM_PORT
 	}
 	cfg.ServerName = cmp.Or(cfg.ServerName, "gantry-"+portStr)
-	b := &Broker{cfg: cfg, log: cfg.Logger, host: host, port: port}
+	b := &Broker{cfg: cfg, log: cfg.Logger, host: host, port: port, fatal: make(chan error, 1)}
 	if len(cfg.Users) > 0 {
 		b.internalUser = User{Name: internalUserName, Password: randomSecret()}
 	}
@@ -248,9 +257,9 @@ func (b *Broker) Start(ctx context.Context) error {
 		return err
 	}
 	go srv.Start()
-	if !srv.ReadyForConnections(b.cfg.ReadyTimeout) {
+	if err := b.awaitReady(srv); err != nil {
 		b.Shutdown()
-		return fmt.Errorf("server not ready after %s", b.cfg.ReadyTimeout)
+		return err
 	}
 	if err := b.provision(ctx, srv); err != nil {
 		b.Shutdown()
@@ -263,7 +272,7 @@ func (b *Broker) Start(ctx context.Context) error {
 	if b.cfg.Domain != "" {
 		attrs = append(attrs, "domain", b.cfg.Domain)
 	}
-	b.log.Info("broker ready", attrs...)
+	b.log.Info("broker started", attrs...)
 	return nil
 }
 
@@ -363,6 +372,24 @@ func waitMetaLeader(ctx context.Context, srv *server.Server) (int, error) {
 	}
 }
 
+// awaitReady waits until srv accepts clients, for at most ReadyTimeout; a
+// fatal error of the server (its listener could not start) ends the wait
+// at once.
+func (b *Broker) awaitReady(srv *server.Server) error {
+	deadline := time.Now().Add(b.cfg.ReadyTimeout)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-b.fatal:
+			return err
+		default:
+		}
+		if srv.ReadyForConnections(25 * time.Millisecond) {
+			return nil
+		}
+	}
+	return fmt.Errorf("server not ready after %s", b.cfg.ReadyTimeout)
+}
+
 // newServer claims the broker for its one start and creates its server.
 func (b *Broker) newServer(opts *server.Options) (*server.Server, error) {
 	b.mu.Lock()
@@ -375,7 +402,7 @@ func (b *Broker) newServer(opts *server.Options) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create server: %w", err)
 	}
-	srv.SetLogger(&logAdapter{log: b.log}, false, false)
+	srv.SetLogger(&logAdapter{log: b.log, listen: b.cfg.Listen, fatal: b.fatal}, false, false)
 	b.srv = srv
 	return srv, nil
 }
@@ -437,12 +464,43 @@ func (b *Broker) Shutdown() {
 	})
 }
 
-// logAdapter routes nats-server's log into slog.
-type logAdapter struct{ log *slog.Logger }
+// logAdapter routes nats-server's log into slog. The server's own "Server
+// is ready" goes to debug: gantry logs its own ready line once every
+// component runs, and nothing else may look like it.
+type logAdapter struct {
+	log *slog.Logger
+	// listen is the client address, named in a fatal listen error.
+	listen string
+	fatal  chan<- error
+}
 
-func (l *logAdapter) Noticef(format string, v ...any) { l.log.Info(fmt.Sprintf(format, v...)) }
-func (l *logAdapter) Warnf(format string, v ...any)   { l.log.Warn(fmt.Sprintf(format, v...)) }
-func (l *logAdapter) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
-func (l *logAdapter) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
-func (l *logAdapter) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
-func (l *logAdapter) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
+func (l *logAdapter) Noticef(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	if msg == "Server is ready" {
+		l.log.Debug("nats-server accepts clients")
+		return
+	}
+	l.log.Info(msg)
+}
+func (l *logAdapter) Warnf(format string, v ...any)  { l.log.Warn(fmt.Sprintf(format, v...)) }
+func (l *logAdapter) Errorf(format string, v ...any) { l.log.Error(fmt.Sprintf(format, v...)) }
+func (l *logAdapter) Debugf(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
+func (l *logAdapter) Tracef(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
+
+// Fatalf logs a fatal error of the server, which then carries on without
+// the part that failed, and hands the first one to Start. A listener that
+// could not start is ErrListen, with the OS's reason.
+func (l *logAdapter) Fatalf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	l.log.Error(msg)
+	err := errors.New(msg)
+	for _, a := range v {
+		if e, ok := a.(error); ok && strings.HasPrefix(format, "Error listening on port") {
+			err = fmt.Errorf("%w on %s: %w", ErrListen, l.listen, e)
+		}
+	}
+	select {
+	case l.fatal <- err:
+	default:
+	}
+}

@@ -3,8 +3,11 @@ package broker_test
 import (
 	"context"
 	"errors"
+	"net"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -115,5 +118,29 @@ func stopped(t *testing.T, url string) {
 	if nc, err := nats.Connect(url, nats.MaxReconnects(0)); err == nil {
 		nc.Close()
 		t.Errorf("connect %s = nil error after Shutdown, want the server stopped", url)
+	}
+}
+
+// TestStartPortInUse: a port another process holds fails Start at once
+// with ErrListen naming the address, not after the ready timeout.
+func TestStartPortInUse(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	b, err := broker.New(broker.Config{DataDir: t.TempDir(), Listen: ln.Addr().String(), Logger: brokertest.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown()
+	start := time.Now()
+	err = b.Start(ctx(t))
+	if !errors.Is(err, broker.ErrListen) || !strings.Contains(err.Error(), ln.Addr().String()) {
+		t.Errorf("Start on a taken port = %v, want ErrListen naming %s", err, ln.Addr())
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Start on a taken port took %v, want under 1s", d)
 	}
 }

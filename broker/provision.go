@@ -110,6 +110,8 @@ func Buckets(pc ProvisionConfig) []jetstream.KeyValueConfig {
 		kv(wire.BucketTasks, "task state by task id (ended tasks expire)", 1, time.Minute),
 		kv(wire.BucketCheckpoints, "task checkpoints and operation keys", 1, time.Minute),
 		kv(wire.BucketScheduler, "scheduler leader lease and last fire times", 1, time.Minute),
+		// Per-key TTL: a dead waiter's place in line lapses.
+		kv(wire.BucketWaiters, "places in line for busy resources (per-key TTL)", 1, time.Minute),
 	}
 }
 

@@ -21,8 +21,8 @@ import (
 // Defaults of Options and of the Option functions.
 const (
 	// DefaultTimeout bounds the connect and every call whose context has no
-	// deadline (Wait, HoldLease and TailAudit excepted: they last as long
-	// as their context).
+	// deadline (Wait, HoldLease, TailAudit and a lease waiting in line
+	// excepted: they last as long as their context).
 	DefaultTimeout = 10 * time.Second
 	// DefaultName names the connection Connect opens.
 	DefaultName = "gantry-client"
@@ -96,7 +96,7 @@ type settings struct {
 }
 
 // WithTimeout bounds every call whose context has no deadline (Wait,
-// HoldLease and TailAudit excepted). Defaults to DefaultTimeout.
+// HoldLease, TailAudit and WaitInLine excepted). Defaults to DefaultTimeout.
 func WithTimeout(d time.Duration) Option { return func(s *settings) { s.timeout = d } }
 
 // WithLogger sets the logger of the client's stores: they log what they

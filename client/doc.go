@@ -38,6 +38,7 @@
 // ErrMalformedEvent).
 //
 // Every call is bounded by the client's timeout (WithTimeout) unless its
-// context has a deadline, except Wait, HoldLease and TailAudit, which last
-// as long as their context.
+// context has a deadline, except Wait, HoldLease, TailAudit and a lease
+// call that waits in line (WaitInLine), which last as long as their
+// context.
 package client

@@ -53,6 +53,11 @@ type IllegalMoveError = lease.IllegalMoveError
 // UnavailableError names a resource that cannot be leased in its state.
 type UnavailableError = lease.UnavailableError
 
+// WaitError reports a lease wait in line (WaitInLine) that ended first; it
+// matches ErrConflict when the wait ran out of time, and names what held it
+// up.
+type WaitError = lease.WaitError
+
 // ServiceError is a failure answer of a service, with its status code
 // (400, 404, 409, 503, 500; see docs/protocol.md).
 type ServiceError = rpc.Error

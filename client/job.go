@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
@@ -13,12 +15,29 @@ import (
 // noScheduler says what to start when no scheduler leads.
 const noScheduler = "no scheduler leads: start 'gantry run' or 'gantry scheduler'"
 
-// JobInfo is a job with its next fire and what the leading scheduler last
-// did with it.
+// The statuses of a job, as JobInfo.Status reports them.
+const (
+	// JobActive fires on schedule.
+	JobActive = "active"
+	// JobPaused does not fire on schedule until resumed.
+	JobPaused = "paused"
+	// JobRejected is a definition the schedulers refuse (JobInfo.Reason
+	// says why): it does not fire.
+	JobRejected = "rejected"
+)
+
+// JobInfo is a job with its status, its next fire and what the leading
+// scheduler last did with it.
 type JobInfo struct {
 	Job
-	// NextFire is the next planned fire; nil for a paused job or one that
-	// will not fire again.
+	// Status is JobActive, JobPaused or JobRejected: what the schedulers
+	// make of the job, judged by the validator they use (jobs.Normalize).
+	Status string `json:"status"`
+	// Reason says why a rejected job is refused.
+	Reason string `json:"reason,omitempty"`
+	// NextFire is the moment of the next fire: jitter included, planned
+	// times outside the job's windows passed over. Nil for a paused or
+	// rejected job or one that will not fire again.
 	NextFire *time.Time `json:"next_fire"`
 	// LastFired is when the job last fired.
 	LastFired *time.Time `json:"last_fired"`
@@ -26,12 +45,23 @@ type JobInfo struct {
 	Running []string `json:"running"`
 }
 
-// jobInfo returns j with its next fire, and with what st says when st is
-// not nil.
+// jobInfo returns j, with its defaults filled as the schedulers fill them,
+// its status and next fire, and with what st says when st is not nil.
 func jobInfo(j Job, st *wire.JobState) JobInfo {
-	info := JobInfo{Job: j, Running: []string{}}
-	if !j.Paused {
-		if next, err := jobs.NextFire(j, time.Now()); err == nil && !next.IsZero() {
+	info := JobInfo{Job: j, Status: JobActive, Running: []string{}}
+	n, err := jobs.Normalize(j)
+	var spec *jobs.Spec
+	if err == nil {
+		spec, err = jobs.Compile(n)
+	}
+	switch {
+	case err != nil:
+		info.Status, info.Reason = JobRejected, err.Error()
+	case j.Paused:
+		info.Job, info.Status = n, JobPaused
+	default:
+		info.Job = n
+		if next := spec.NextInWindow(time.Now()).At; !next.IsZero() {
 			info.NextFire = &next
 		}
 	}
@@ -87,8 +117,10 @@ func (c *Client) Job(ctx context.Context, name string) (JobInfo, error) {
 	return jobInfo(j, &state), nil
 }
 
-// Jobs returns every job, by name, and the keys of gantry_jobs whose value
-// is not a valid job, with why (the schedulers skip them).
+// Jobs returns every job, by name, rejected ones included: a definition the
+// schedulers refuse, and a key of gantry_jobs whose value is not a job at
+// all, have Status JobRejected and the Reason. The map holds the latter
+// again, by key, with why.
 func (c *Client) Jobs(ctx context.Context) ([]JobInfo, map[string]error, error) {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
@@ -104,12 +136,47 @@ func (c *Client) Jobs(ctx context.Context) ([]JobInfo, map[string]error, error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	infos := make([]JobInfo, 0, len(list))
+	infos := make([]JobInfo, 0, len(list)+len(bad))
 	for _, j := range list {
 		s := states[j.Name]
 		infos = append(infos, jobInfo(j, &s))
 	}
+	for key, err := range bad {
+		infos = append(infos, rejectedJob(key, err))
+	}
+	slices.SortFunc(infos, func(a, b JobInfo) int { return strings.Compare(a.Name, b.Name) })
 	return infos, bad, nil
+}
+
+// rejectedJob is the JobInfo of a key of gantry_jobs whose value is not a
+// job at all.
+func rejectedJob(key string, err error) JobInfo {
+	return JobInfo{Job: Job{Name: key}, Status: JobRejected, Reason: err.Error(), Running: []string{}}
+}
+
+// NextFires previews the next n fires of job name from now, as the
+// schedulers will plan them: planned times outside its windows passed
+// over (and counted), jitter added. A paused job is previewed as if
+// resumed.
+func (c *Client) NextFires(ctx context.Context, name string, n int) ([]jobs.Fire, error) {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	store, err := c.jobStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	j, _, err := store.Get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if j, err = jobs.Normalize(j); err != nil {
+		return nil, err
+	}
+	spec, err := jobs.Compile(j)
+	if err != nil {
+		return nil, err
+	}
+	return spec.Fires(time.Now(), n), nil
 }
 
 // RemoveJob removes job name: it does not fire again.

@@ -96,3 +96,54 @@ func TestJobsThroughScheduler(t *testing.T) {
 		}
 	}
 }
+
+// TestJobsStatus: Jobs shows what the schedulers make of each job: a job
+// written without a queue on the default queue, a definition they refuse
+// and a value that is not a job as rejected with the reason, a paused one
+// paused; the next fire respects the windows.
+func TestJobsStatus(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, ctx := b.c, ctx(t, 30*time.Second)
+	kv, err := b.env.JS.KeyValue(ctx, wire.BucketJobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, val := range map[string]string{
+		"noqueue": `{"type":"noop","every":"1m"}`,
+		"wrong":   `{"type":"noop","every":"1.5s"}`,
+		"junk":    `not json`,
+		"held":    `{"type":"noop","every":"1m","paused":true}`,
+		"night":   `{"type":"noop","every":"10s","windows":["06:00-06:01"]}`,
+	} {
+		if _, err := kv.PutString(ctx, key, val); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, _, err := c.Jobs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]client.JobInfo{}
+	for _, j := range list {
+		got[j.Name] = j
+	}
+	if j := got["noqueue"]; j.Status != client.JobActive || j.Queue != wire.DefaultQueue || j.NextFire == nil {
+		t.Errorf("noqueue = status %q, queue %q, next %v; want active on %q with a next fire", j.Status, j.Queue, j.NextFire, wire.DefaultQueue)
+	}
+	for _, name := range []string{"wrong", "junk"} {
+		if j := got[name]; j.Status != client.JobRejected || j.Reason == "" || j.NextFire != nil {
+			t.Errorf("%s = status %q, reason %q, next %v; want rejected with a reason, no next fire", name, j.Status, j.Reason, j.NextFire)
+		}
+	}
+	if j := got["held"]; j.Status != client.JobPaused {
+		t.Errorf("held = status %q, want paused", j.Status)
+	}
+	if j := got["night"]; j.NextFire == nil || j.NextFire.UTC().Hour() != 6 || j.NextFire.UTC().Minute() != 0 {
+		t.Errorf("night next fire = %v, want within 06:00-06:01 UTC", j.NextFire)
+	}
+	fires, err := c.NextFires(ctx, "night", 7)
+	if err != nil || len(fires) != 7 || fires[6].Planned.Sub(fires[0].Planned) < 23*time.Hour {
+		t.Errorf("NextFires(night, 7) = %v, %v; want six fires in one window, the seventh a day later", fires, err)
+	}
+}

@@ -9,6 +9,42 @@ import (
 	"github.com/gantry-dev/gantry/lease"
 )
 
+// LeaseOption tunes AcquireLease and HoldLease.
+type LeaseOption func(*leaseSettings)
+
+type leaseSettings struct {
+	wait     bool
+	timeout  time.Duration
+	onChange func(WaitStatus)
+}
+
+// WaitInLine makes AcquireLease and HoldLease wait for a resource that
+// another owner holds (or that is cooling down, DISABLED or FAULT) instead
+// of failing: they take a place in the resource's line, the same line
+// tasks wait in (priority, then arrival), and take the lease the moment
+// their turn comes: at its release, its expiry, the end of its cooldown or
+// its enable. timeout bounds the wait; 0 waits as long as ctx lasts (the
+// client's timeout does not bound it). A wait that runs out is a
+// *WaitError that matches ErrConflict; the place in line is given up.
+func WaitInLine(timeout time.Duration) LeaseOption {
+	return func(s *leaseSettings) { s.wait, s.timeout = true, timeout }
+}
+
+// OnWait calls fn, while WaitInLine waits, once the waiter is in line and
+// each time what it sees changes: the holder and its expiry, the
+// resource's state, its place in line.
+func OnWait(fn func(WaitStatus)) LeaseOption {
+	return func(s *leaseSettings) { s.onChange = fn }
+}
+
+func leaseOptions(opts []LeaseOption) leaseSettings {
+	var s leaseSettings
+	for _, o := range opts {
+		o(&s)
+	}
+	return s
+}
+
 // AcquireLease takes the lease on resource for owner, for ttl (whole
 // seconds, at least 1 s), and moves a registered resource AVAILABLE ->
 // LEASED. It does not renew it: renew it with RenewLease before it lapses,
@@ -16,14 +52,15 @@ import (
 // owner already holds it, the lease is renewed. Another owner's lease is
 // never taken over: a *ConflictError (ErrConflict) names the holder; a
 // DISABLED or FAULT resource is an *UnavailableError (ErrUnavailable).
-func (c *Client) AcquireLease(ctx context.Context, resource, owner string, ttl time.Duration) (Lease, error) {
-	ctx, cancel := c.bound(ctx)
-	defer cancel()
-	r, err := c.resourceStore()
-	if err != nil {
-		return Lease{}, err
+// With WaitInLine it waits for its turn instead.
+func (c *Client) AcquireLease(ctx context.Context, resource, owner string, ttl time.Duration, opts ...LeaseOption) (Lease, error) {
+	s := leaseOptions(opts)
+	if !s.wait {
+		var cancel context.CancelFunc
+		ctx, cancel = c.bound(ctx)
+		defer cancel()
 	}
-	rh, err := r.Lease(ctx, resource, owner, ttl)
+	rh, err := c.lease(ctx, resource, owner, ttl, s)
 	if err != nil {
 		return Lease{}, err
 	}
@@ -35,12 +72,19 @@ func (c *Client) AcquireLease(ctx context.Context, resource, owner string, ttl t
 // Context derives from ctx and ends, with ErrLeaseLost as its cause, as
 // soon as the lease is lost, so that the work under it stops; Start moves a
 // registered resource to RUNNING. Call Finish when the work ends.
-func (c *Client) HoldLease(ctx context.Context, resource, owner string, ttl time.Duration) (*ResourceHolder, error) {
+func (c *Client) HoldLease(ctx context.Context, resource, owner string, ttl time.Duration, opts ...LeaseOption) (*ResourceHolder, error) {
+	return c.lease(ctx, resource, owner, ttl, leaseOptions(opts))
+}
+
+func (c *Client) lease(ctx context.Context, resource, owner string, ttl time.Duration, s leaseSettings) (*ResourceHolder, error) {
 	r, err := c.resourceStore()
 	if err != nil {
 		return nil, err
 	}
-	return r.Lease(ctx, resource, owner, ttl)
+	if !s.wait {
+		return r.Lease(ctx, resource, owner, ttl)
+	}
+	return r.LeaseWait(ctx, resource, owner, ttl, lease.WaitOptions{Timeout: s.timeout, OnChange: s.onChange})
 }
 
 // RenewLease restarts the TTL of owner's lease on resource, with ttl (0:

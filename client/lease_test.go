@@ -104,3 +104,61 @@ func TestResourcesAndHold(t *testing.T) {
 		t.Errorf("Resource(nope) = %v, want ErrNotFound", err)
 	}
 }
+
+func TestLeaseWaitInLine(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, ctx := b.c, ctx(t, 30*time.Second)
+	if _, err := c.AddResource(ctx, client.ResourceSpec{ID: "cam1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AcquireLease(ctx, "cam1", "alice", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// Running out is a conflict naming the holder.
+	_, err := c.AcquireLease(ctx, "cam1", "bob", time.Minute, client.WaitInLine(300*time.Millisecond))
+	var we *client.WaitError
+	if !errors.Is(err, client.ErrConflict) || !errors.As(err, &we) || we.Last.Holder != "alice" {
+		t.Fatalf("AcquireLease waiting 300ms = %v, want a *WaitError matching ErrConflict, held by alice", err)
+	}
+	statuses := make(chan client.WaitStatus, 100)
+	type result struct {
+		h   *client.ResourceHolder
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		h, err := c.HoldLease(ctx, "cam1", "bob", time.Minute, client.WaitInLine(0), client.OnWait(func(s client.WaitStatus) { statuses <- s }))
+		done <- result{h, err}
+	}()
+	var s client.WaitStatus
+	select {
+	case s = <-statuses:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wait status within 10s")
+	}
+	if s.Holder != "alice" || s.Position != 1 || s.Waiting != 1 {
+		t.Errorf("status = %+v, want held by alice, bob 1st of 1", s)
+	}
+	if res, err := c.Resource(ctx, "cam1"); err != nil || len(res.Waiters) != 1 || res.Waiters[0].Owner != "bob" {
+		t.Errorf("Resource while bob waits = %+v, %v; want bob in line", res.Waiters, err)
+	}
+	if err := c.ReleaseLease(ctx, "cam1", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("bob did not get cam1 within 10s of its release")
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if got := r.h.Lease().Owner; got != "bob" {
+		t.Errorf("holder = %q, want bob", got)
+	}
+	if err := r.h.Finish(ctx, client.Outcome{}); err != nil {
+		t.Fatal(err)
+	}
+}

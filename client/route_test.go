@@ -32,7 +32,7 @@ func TestProbeRouteThroughHealthd(t *testing.T) {
 	}
 	run(t, h)
 
-	probe, err := c.ProbeRoute(ctx, "office")
+	probe, err := c.ProbeRoute(ctx, "office", client.ApplyProbe())
 	if err != nil || !probe.Result.OK || probe.Route.ID != "office" || probe.Route.State != wire.RouteAvailable || probe.Route.ConsecutiveSuccesses < 1 {
 		t.Fatalf("ProbeRoute = %+v, %v; want an ok probe of office, AVAILABLE", probe, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -212,11 +213,27 @@ func (c *Client) Publish(ctx context.Context, t Task) (Submitted, error) {
 // undoTry bounds one try of undoing a submit that failed.
 const undoTry = 2 * time.Second
 
+// WaitOption tunes Wait.
+type WaitOption func(*waitSettings)
+
+type waitSettings struct {
+	onUpdate func(TaskRecord)
+}
+
+// OnUpdate has Wait call fn with each record of the task it sees before
+// the last (WAITING, RUNNING, RETRY_WAIT…), from Wait's goroutine: a
+// progress display follows the task with it.
+func OnUpdate(fn func(TaskRecord)) WaitOption { return func(s *waitSettings) { s.onUpdate = fn } }
+
 // Wait watches task id until it ends (SUCCEEDED, NEEDS_REVIEW or
 // CANCELLED) and returns its record. It waits as long as ctx: when ctx
 // ends first, the error matches ErrGaveUp (and ctx's error); the task may
 // still finish.
-func (c *Client) Wait(ctx context.Context, id string) (TaskRecord, error) {
+func (c *Client) Wait(ctx context.Context, id string, opts ...WaitOption) (TaskRecord, error) {
+	var set waitSettings
+	for _, o := range opts {
+		o(&set)
+	}
 	store, err := c.taskStore(ctx)
 	if err != nil {
 		return TaskRecord{}, err
@@ -243,6 +260,9 @@ func (c *Client) Wait(ctx context.Context, id string) (TaskRecord, error) {
 			}
 			if rec.State.Terminal() {
 				return rec, nil
+			}
+			if set.onUpdate != nil {
+				set.onUpdate(rec)
 			}
 		}
 	}
@@ -320,7 +340,8 @@ func (c *Client) RetryTask(ctx context.Context, id string) (TaskRecord, error) {
 	if rec.Message == nil {
 		return TaskRecord{}, fmt.Errorf("%w: task %s: its message was not kept; publish it again", ErrInvalid, id)
 	}
-	msg, err := requeueMsg(id, rec.Message)
+	run := max(rec.Run, 1) + 1
+	msg, err := requeueMsg(id, rec.Message, run)
 	if err != nil {
 		return TaskRecord{}, fmt.Errorf("%w: task %s was rejected as malformed (%s): publish a corrected task instead", ErrInvalid, id, rec.LastError)
 	}
@@ -329,6 +350,7 @@ func (c *Client) RetryTask(ctx context.Context, id string) (TaskRecord, error) {
 	rec.State, rec.Attempts, rec.Deliveries, rec.Delays = wire.TaskWaiting, 0, 0, 0
 	rec.Message, rec.RetryAt, rec.Output = nil, nil, ""
 	rec.LastError = "retried by an operator; before: " + last
+	rec.Run = run
 	rec.UpdatedAt = time.Now().UTC()
 	if rev, err = store.Update(ctx, rec, rev); err != nil {
 		return TaskRecord{}, err
@@ -351,16 +373,17 @@ func (c *Client) RetryTask(ctx context.Context, id string) (TaskRecord, error) {
 		return TaskRecord{}, err
 	}
 	if err := c.em.Emit(ctx, wire.Event{Type: wire.EventRetryScheduled, TaskID: id, ResourceID: rec.Resource,
-		Message: "retried by an operator", Payload: audit.Payload(map[string]any{"class": "operator", "seq": ack.Sequence})}); err != nil {
+		Message: "retried by an operator", Payload: audit.Payload(map[string]any{"class": "operator", "seq": ack.Sequence, "run": run})}); err != nil {
 		return TaskRecord{}, err
 	}
 	return rec, nil
 }
 
-// requeueMsg rebuilds a kept task message for a retry, its id in the body
-// and its publisher's headers kept. It carries no Nats-Msg-Id: the stream
-// would drop it as a duplicate of the first publish within its window.
-func requeueMsg(id string, kept *wire.StoredMessage) (*nats.Msg, error) {
+// requeueMsg rebuilds a kept task message for a retry, its id in the body,
+// its publisher's headers kept and its run numbered. It carries no
+// Nats-Msg-Id: the stream would drop it as a duplicate of the first
+// publish within its window.
+func requeueMsg(id string, kept *wire.StoredMessage, run int) (*nats.Msg, error) {
 	queue, typ, err := wire.ParseTaskSubject(kept.Subject)
 	if err != nil {
 		return nil, err
@@ -383,6 +406,7 @@ func requeueMsg(id string, kept *wire.StoredMessage) (*nats.Msg, error) {
 	}
 	msg.Header.Del(jetstream.MsgIDHeader)
 	msg.Header.Set(wire.HeaderCreated, "1")
+	msg.Header.Set(wire.HeaderRun, strconv.Itoa(run))
 	return msg, nil
 }
 
@@ -444,7 +468,7 @@ func (c *Client) CancelTask(ctx context.Context, id string) (Cancelled, error) {
 			return Cancelled{}, fmt.Errorf("remove task message: %w", err)
 		}
 	}
-	if err := c.em.Emit(ctx, wire.Event{Type: wire.EventTaskCancelled, TaskID: id, ResourceID: rec.Resource,
+	if err := c.em.Emit(ctx, wire.Event{Type: wire.EventTaskCancelled, TaskID: id, ResourceID: rec.Resource, JobID: rec.Job,
 		Message: "cancelled by an operator", Payload: audit.Payload(map[string]any{"was": was})}); err != nil {
 		return Cancelled{}, err
 	}
@@ -452,8 +476,8 @@ func (c *Client) CancelTask(ctx context.Context, id string) (Cancelled, error) {
 		if _, err := store.Update(ctx, rec, rev); err != nil && !errors.Is(err, tasks.ErrChanged) {
 			return Cancelled{}, err
 		}
-		if err := c.em.Emit(ctx, wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, Message: "task cancelled",
-			Payload: audit.Payload(map[string]any{"state": wire.TaskCancelled, "attempts": rec.Attempts})}); err != nil {
+		if err := c.em.Emit(ctx, wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, JobID: rec.Job, Message: "task cancelled",
+			Payload: audit.Payload(map[string]any{"state": wire.TaskCancelled, "attempts": rec.Attempts, "run": max(rec.Run, 1)})}); err != nil {
 			return Cancelled{}, err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -73,8 +74,17 @@ func TestSubmitWaitRetry(t *testing.T) {
 	if err != nil || retried.State != client.TaskWaiting || retried.Attempts != 0 {
 		t.Fatalf("RetryTask = %s, %d attempts, %v; want WAITING with attempts reset", retried.State, retried.Attempts, err)
 	}
-	if rec, err = c.Wait(ctx, "f-1"); err != nil || rec.State != client.TaskSucceeded {
-		t.Errorf("Wait after retry = %s, %v; want SUCCEEDED", rec.State, err)
+	if rec, err = c.Wait(ctx, "f-1"); err != nil || rec.State != client.TaskSucceeded || rec.Run != 2 {
+		t.Errorf("Wait after retry = %s, run %d, %v; want SUCCEEDED, run 2", rec.State, rec.Run, err)
+	}
+	// One TASK_FINISHED per run, numbered.
+	var runs []any
+	waitFor(t, "a TASK_FINISHED for each run of f-1", func() bool {
+		runs = finishedRuns(t, b, "f-1")
+		return len(runs) >= 2
+	})
+	if fmt.Sprint(runs) != "[1 2]" {
+		t.Errorf("TASK_FINISHED runs of f-1 = %v, want [1 2]", runs)
 	}
 	for _, id := range []string{"f-1", sub.ID} {
 		if _, err := c.RetryTask(ctx, id); !errors.Is(err, client.ErrInvalid) {
@@ -211,5 +221,30 @@ func TestCancelTask(t *testing.T) {
 	}
 	if _, err := c.CancelTask(ctx, "nope"); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("CancelTask(nope) = %v, want ErrNotFound", err)
+	}
+}
+
+// finishedRuns returns the run of every TASK_FINISHED event of task id so
+// far, in order.
+func finishedRuns(t *testing.T, b *bundle, id string) []any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cons, err := b.env.JS.OrderedConsumer(ctx, wire.StreamAudit, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{wire.EventTaskFinished.Subject()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs []any
+	for {
+		msg, err := cons.Next(jetstream.FetchMaxWait(200 * time.Millisecond))
+		if err != nil {
+			return runs
+		}
+		var ev wire.Event
+		var p map[string]any
+		if json.Unmarshal(msg.Data(), &ev) == nil && ev.TaskID == id && json.Unmarshal(ev.Payload, &p) == nil {
+			runs = append(runs, p["run"])
+		}
 	}
 }

@@ -35,6 +35,9 @@ type (
 	// Outcome is how the work under a ResourceHolder ended, for its
 	// Finish: the zero value returns the resource to AVAILABLE.
 	Outcome = lease.Outcome
+	// WaitStatus is what a lease waiting in line sees: the holder and its
+	// expiry, the resource's state, its place in line.
+	WaitStatus = lease.WaitStatus
 
 	// Job is a scheduled job's definition.
 	Job = wire.Job

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -74,13 +75,19 @@ func BenchmarkRoutePick(b *testing.B) {
 	})
 }
 
-// BenchmarkRouteRequest measures a GET through a route's transport (pick,
-// then the request through a local CONNECT proxy on a kept-alive tunnel)
-// against the same GET on a plain direct transport.
+// BenchmarkRouteRequest measures a GET through a route (pick, then the
+// request through a local HTTP proxy on a kept-alive connection) against
+// the same GET on a plain direct transport: to an http target (forwarded
+// by the proxy) and to an https one (through a CONNECT tunnel).
 func BenchmarkRouteRequest(b *testing.B) {
 	env := brokertest.Start(b)
 	ctx := context.Background()
 	srv := target(b)
+	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "hello")
+	}))
+	b.Cleanup(tlsSrv.Close)
+	tlsConfig := tlsSrv.Client().Transport.(*http.Transport).TLSClientConfig
 	p := proxytest.Start(b, proxytest.HTTPConnect)
 	store, err := NewStore(ctx, env.JS)
 	if err != nil {
@@ -94,8 +101,8 @@ func BenchmarkRouteRequest(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer picker.Close()
-	do := func(b *testing.B, rt http.RoundTripper) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+	do := func(b *testing.B, rt http.RoundTripper, url string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		resp, err := rt.RoundTrip(req)
 		if err != nil {
 			b.Fatal(err)
@@ -107,16 +114,39 @@ func BenchmarkRouteRequest(b *testing.B) {
 		tr := &http.Transport{}
 		defer tr.CloseIdleConnections()
 		for b.Loop() {
-			do(b, tr)
+			do(b, tr, srv.URL)
 		}
 	})
-	b.Run("route_connect", func(b *testing.B) {
+	b.Run("route_http", func(b *testing.B) {
 		for b.Loop() {
 			rt, _, err := picker.Transport(ctx, "p")
 			if err != nil {
 				b.Fatal(err)
 			}
-			do(b, rt)
+			do(b, rt, srv.URL)
+		}
+	})
+	b.Run("raw_direct_tls", func(b *testing.B) {
+		tr := &http.Transport{TLSClientConfig: tlsConfig}
+		defer tr.CloseIdleConnections()
+		for b.Loop() {
+			do(b, tr, tlsSrv.URL)
+		}
+	})
+	b.Run("route_https", func(b *testing.B) {
+		// The picker's transports trust the system roots only: the
+		// route's transport is made here, with the test server's.
+		tr, err := NewTransport(p.URL(), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		tr.TLSClientConfig = tlsConfig
+		defer tr.CloseIdleConnections()
+		for b.Loop() {
+			if _, err := picker.Pick(ctx, "p"); err != nil {
+				b.Fatal(err)
+			}
+			do(b, tr, tlsSrv.URL)
 		}
 	})
 }

@@ -48,9 +48,9 @@ type UnavailableError struct {
 // Error names the route, its state and the wait.
 func (e *UnavailableError) Error() string {
 	if e.Route == wire.RouteAuto {
-		return fmt.Sprintf("no egress route is AVAILABLE; retry in %v", e.Wait)
+		return fmt.Sprintf("no egress route is AVAILABLE; retry in %v", clock.Round(e.Wait))
 	}
-	return fmt.Sprintf("route %q is %s; retry in %v", e.Route, e.State, e.Wait)
+	return fmt.Sprintf("route %q is %s; retry in %v", e.Route, e.State, clock.Round(e.Wait))
 }
 
 // RetryAfter returns how long to wait before trying again.
@@ -85,7 +85,7 @@ type Picker struct {
 	nc    *nats.Conn
 
 	mu         sync.Mutex
-	transports map[string]*http.Transport
+	transports map[string]*Transport
 
 	// watch keeps cache, the live view of gantry_routes "auto" picks from.
 	watch     jetstream.KeyWatcher
@@ -114,7 +114,7 @@ func NewPicker(ctx context.Context, cfg PickerConfig, nc *nats.Conn, js jetstrea
 		return nil, err
 	}
 	p := &Picker{
-		cfg: cfg, store: store, nc: nc, transports: map[string]*http.Transport{},
+		cfg: cfg, store: store, nc: nc, transports: map[string]*Transport{},
 		cache: map[string]wire.Route{}, followed: make(chan struct{}),
 	}
 	wctx, cancel := context.WithCancel(context.Background())

@@ -105,38 +105,66 @@ func TestRouteTransportTLS(t *testing.T) {
 func TestRouteTransportErrors(t *testing.T) {
 	t.Parallel()
 	srv := target(t)
+	tlsSrv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	t.Cleanup(tlsSrv.Close)
 	closed := proxytest.ClosedAddr(t)
 	for _, tc := range []struct {
 		name  string
 		proxy func(t *testing.T) string
 		want  wire.ErrorKind
+		// tls sends the request to an https target: CONNECT, not
+		// forwarding, through an HTTP proxy.
+		tls bool
 	}{
-		{"connect closed port", func(*testing.T) string { return "http://" + closed }, wire.KindRefused},
-		{"socks5 closed port", func(*testing.T) string { return "socks5://" + closed }, wire.KindRefused},
+		{"connect closed port", func(*testing.T) string { return "http://" + closed }, wire.KindRefused, false},
+		{"socks5 closed port", func(*testing.T) string { return "socks5://" + closed }, wire.KindRefused, false},
 		{"connect denied", func(t *testing.T) string {
 			p := proxytest.Start(t, proxytest.HTTPConnect)
 			p.SetDeny(true)
 			return p.URL()
-		}, wire.KindProxy},
+		}, wire.KindProxy, false},
 		{"connect bad password", func(t *testing.T) string {
 			p := proxytest.Start(t, proxytest.HTTPConnect, proxytest.WithAuth("bob", "hunter2"))
 			return "http://bob:wrong@" + p.Addr()
-		}, wire.KindProxy},
+		}, wire.KindProxy, false},
+		{"connect denied, https target", func(t *testing.T) string {
+			p := proxytest.Start(t, proxytest.HTTPConnect)
+			p.SetDeny(true)
+			return p.URL()
+		}, wire.KindProxy, true},
+		{"connect bad password, https target", func(t *testing.T) string {
+			p := proxytest.Start(t, proxytest.HTTPConnect, proxytest.WithAuth("bob", "hunter2"))
+			return "http://bob:wrong@" + p.Addr()
+		}, wire.KindProxy, true},
+		{"connect hangs, https target", func(t *testing.T) string {
+			p := proxytest.Start(t, proxytest.HTTPConnect)
+			p.SetHang(true)
+			return p.URL()
+		}, wire.KindTimeout, true},
+		{"socks5 denied, https target", func(t *testing.T) string {
+			p := proxytest.Start(t, proxytest.SOCKS5)
+			p.SetDeny(true)
+			return p.URL()
+		}, wire.KindProxy, true},
+		{"socks5 bad password", func(t *testing.T) string {
+			p := proxytest.Start(t, proxytest.SOCKS5, proxytest.WithAuth("bob", "hunter2"))
+			return "socks5://bob:wrong@" + p.Addr()
+		}, wire.KindProxy, false},
 		{"socks5 denied", func(t *testing.T) string {
 			p := proxytest.Start(t, proxytest.SOCKS5)
 			p.SetDeny(true)
 			return p.URL()
-		}, wire.KindProxy},
+		}, wire.KindProxy, false},
 		{"connect hangs", func(t *testing.T) string {
 			p := proxytest.Start(t, proxytest.HTTPConnect)
 			p.SetHang(true)
 			return p.URL()
-		}, wire.KindTimeout},
+		}, wire.KindTimeout, false},
 		{"socks5 hangs", func(t *testing.T) string {
 			p := proxytest.Start(t, proxytest.SOCKS5)
 			p.SetHang(true)
 			return p.URL()
-		}, wire.KindTimeout},
+		}, wire.KindTimeout, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -147,7 +175,12 @@ func TestRouteTransportErrors(t *testing.T) {
 			defer tr.CloseIdleConnections()
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+			url := srv.URL
+			if tc.tls {
+				url = tlsSrv.URL
+				tr.TLSClientConfig = tlsSrv.Client().Transport.(*http.Transport).TLSClientConfig
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 			resp, err := tr.RoundTrip(req)
 			if err == nil {
 				resp.Body.Close()
@@ -160,16 +193,45 @@ func TestRouteTransportErrors(t *testing.T) {
 	}
 }
 
-func TestDialerRejects(t *testing.T) {
+// TestRouteTransportTargetStatus checks that a target's own error status,
+// forwarded by an HTTP proxy, stays a response: only the proxy's refusal
+// is a ProxyError.
+func TestRouteTransportTargetStatus(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusForbidden)
+	}))
+	t.Cleanup(srv.Close)
+	p := proxytest.Start(t, proxytest.HTTPConnect)
+	tr, err := NewTransport(p.URL(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.CloseIdleConnections()
+	req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, srv.URL, nil)
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("RoundTrip = %v, want the target's 403", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("StatusCode = %d, want %d", resp.StatusCode, http.StatusForbidden)
+	}
+	if got := p.TunnelsTo(srv.Listener.Addr().String()); got != 1 {
+		t.Errorf("requests forwarded to the target = %d, want 1", got)
+	}
+}
+
+func TestNewTransportRejects(t *testing.T) {
 	t.Parallel()
 	for _, p := range []string{"https://h:1", "socks5://h", "ftp://u:hunter2@h:1"} {
-		_, err := Dialer(p, nil)
+		_, err := NewTransport(p, nil)
 		if err == nil {
-			t.Errorf("Dialer(%q) = nil error, want one", p)
+			t.Errorf("NewTransport(%q) = nil error, want one", p)
 			continue
 		}
 		if got := err.Error(); got == "" || strings.Contains(got, "hunter2") {
-			t.Errorf("Dialer(%q) error = %q, want a message without the password", p, got)
+			t.Errorf("NewTransport(%q) error = %q, want a message without the password", p, got)
 		}
 	}
 }
@@ -376,5 +438,15 @@ func TestReport(t *testing.T) {
 	}
 	if _, err := sub.NextMsg(100 * time.Millisecond); err == nil {
 		t.Errorf("a second report arrived, want nil and cancelled errors not reported")
+	}
+}
+
+// TestUnavailableErrorRounds: the wait reads "retry in 4m0s", not
+// "retry in 3m59.953555092s".
+func TestUnavailableErrorRounds(t *testing.T) {
+	t.Parallel()
+	err := &UnavailableError{Route: "office", State: wire.RouteCooldown, Wait: 3*time.Minute + 59953555092*time.Nanosecond}
+	if got, want := err.Error(), `route "office" is COOLDOWN; retry in 4m0s`; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
 	}
 }

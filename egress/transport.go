@@ -1,44 +1,38 @@
 package egress
 
 import (
-	"bufio"
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"syscall"
 	"time"
-
-	"golang.org/x/net/proxy"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 )
 
-// DialFunc opens a connection to addr, the way net.Dialer.DialContext does.
-type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
-
-// ProxyError is a proxy's refusal to open a tunnel: a CONNECT answered with
-// a status other than 200, or a failed SOCKS5 handshake.
+// ProxyError is a proxy's refusal: a CONNECT answered with a status other
+// than 200, a plain http request the proxy answered itself with an error
+// (see Transport), or a failed SOCKS5 handshake.
 type ProxyError struct {
 	// Proxy is the proxy's address (host:port).
 	Proxy string
-	// Target is the address the tunnel was asked for.
+	// Target is the address the request was for.
 	Target string
-	// Status is the CONNECT answer's status code; zero for SOCKS5.
+	// Status is the proxy's answer's status code; zero for SOCKS5.
 	Status int
 	Err    error
 }
 
-// Error says which proxy refused which tunnel, and how.
+// Error says which proxy refused which target, and how.
 func (e *ProxyError) Error() string {
 	if e.Status != 0 {
-		return fmt.Sprintf("proxy %s refused tunnel to %s: %d %s", e.Proxy, e.Target, e.Status, http.StatusText(e.Status))
+		return fmt.Sprintf("proxy %s refused %s: %d %s", e.Proxy, e.Target, e.Status, http.StatusText(e.Status))
 	}
-	return fmt.Sprintf("proxy %s refused tunnel to %s: %v", e.Proxy, e.Target, e.Err)
+	return fmt.Sprintf("proxy %s refused %s: %v", e.Proxy, e.Target, e.Err)
 }
 
 // Unwrap returns the SOCKS5 handshake's error, if any.
@@ -69,140 +63,109 @@ func parseProxy(p string) (*url.URL, error) {
 	return u, nil
 }
 
-// Dialer returns a dialer whose connections go out through proxyURL:
-// "direct" (or empty) dials the target itself, http:// opens an HTTP
-// CONNECT tunnel for every connection (plain http targets too), socks5://
-// a SOCKS5 one (the proxy resolves host names). Credentials in the URL are
-// sent to the proxy. base makes the first hop; nil means a default
-// net.Dialer.
-func Dialer(proxyURL string, base *net.Dialer) (DialFunc, error) {
-	if base == nil {
-		base = &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
-	}
+// Transport is an HTTP transport whose every connection goes out through
+// one route's proxy, by net/http's own proxy support: an http:// proxy
+// tunnels https targets with CONNECT and forwards plain http requests, a
+// socks5:// proxy tunnels both (the proxy resolves host names). Credentials
+// in the proxy URL are sent to the proxy. Its errors carry what
+// ClassifyError needs: a proxy's refusal is a *ProxyError.
+//
+// A forwarded plain http request gets the proxy's own error answer as its
+// response, which can look like the target's: Transport takes a 407 (only
+// a proxy asks for proxy credentials) or an answer with a Proxy-Status
+// header naming an error (RFC 9209) for the proxy's refusal. The embedded
+// http.Transport may be tuned (keep-alives, TLS) before first use.
+type Transport struct {
+	*http.Transport
+	// proxy is the route's proxy; nil for a direct route.
+	proxy *url.URL
+}
+
+// NewTransport returns a transport whose every connection goes out
+// through proxyURL: "direct" (or empty), http://host:port or
+// socks5://host:port. base makes the first hop; nil means a net.Dialer
+// with a 30 s connect timeout. It ignores the environment's proxy
+// settings.
+func NewTransport(proxyURL string, base *net.Dialer) (*Transport, error) {
 	u, err := parseProxy(proxyURL)
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case u == nil:
-		return base.DialContext, nil
-	case u.Scheme == "http":
-		return func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return dialConnect(ctx, base, u, addr)
-		}, nil
-	default:
-		var auth *proxy.Auth
-		if u.User != nil {
-			pw, _ := u.User.Password()
-			auth = &proxy.Auth{User: u.User.Username(), Password: pw}
-		}
-		d, err := proxy.SOCKS5("tcp", u.Host, auth, base)
-		if err != nil {
-			return nil, fmt.Errorf("socks5 proxy %s: %w", wire.RedactProxy(proxyURL), err)
-		}
-		cd, ok := d.(proxy.ContextDialer)
-		if !ok {
-			return nil, fmt.Errorf("socks5 proxy %s: dialer without context support", wire.RedactProxy(proxyURL))
-		}
-		return func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := cd.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, socksError(u.Host, addr, err)
-			}
-			return c, nil
-		}, nil
+	if base == nil {
+		base = &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	}
-}
-
-// socksError keeps a failure to reach the SOCKS5 proxy as it is (refused,
-// timeout) and marks a failed handshake as a ProxyError.
-func socksError(proxyAddr, target string, err error) error {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" && op.Addr != nil && op.Addr.String() == proxyAddr {
-		return err
-	}
-	if isTimeout(err) || isRefused(err) {
-		return err
-	}
-	return &ProxyError{Proxy: proxyAddr, Target: target, Err: err}
-}
-
-// dialConnect opens a CONNECT tunnel to addr through the HTTP proxy u.
-func dialConnect(ctx context.Context, base *net.Dialer, u *url.URL, addr string) (net.Conn, error) {
-	conn, err := base.DialContext(ctx, "tcp", u.Host)
-	if err != nil {
-		return nil, err
-	}
-	if d, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(d)
-	}
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-	req := &http.Request{
-		Method: http.MethodConnect,
-		URL:    &url.URL{Opaque: addr},
-		Host:   addr,
-		Header: http.Header{},
-	}
-	if u.User != nil {
-		pw, _ := u.User.Password()
-		cred := base64.StdEncoding.EncodeToString([]byte(u.User.Username() + ":" + pw))
-		req.Header.Set("Proxy-Authorization", "Basic "+cred)
-	}
-	fail := func(err error) (net.Conn, error) {
-		stop()
-		conn.Close()
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("connect tunnel via %s: %w", u.Host, ctx.Err())
-		}
-		return nil, err
-	}
-	if err := req.Write(conn); err != nil {
-		return fail(fmt.Errorf("connect tunnel via %s: %w", u.Host, err))
-	}
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, req)
-	if err != nil {
-		return fail(fmt.Errorf("connect tunnel via %s: %w", u.Host, err))
-	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fail(&ProxyError{Proxy: u.Host, Target: addr, Status: resp.StatusCode})
-	}
-	if !stop() {
-		return fail(fmt.Errorf("connect tunnel via %s: %w", u.Host, context.Cause(ctx)))
-	}
-	_ = conn.SetDeadline(time.Time{})
-	if br.Buffered() > 0 {
-		return &bufferedConn{Conn: conn, r: br}, nil
-	}
-	return conn, nil
-}
-
-// bufferedConn is a tunnel whose first bytes were read with the proxy's
-// answer.
-type bufferedConn struct {
-	net.Conn
-	r io.Reader
-}
-
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
-
-// NewTransport returns an HTTP transport whose every connection goes
-// out through proxyURL (see Dialer). It ignores the environment's
-// proxy settings.
-func NewTransport(proxyURL string, base *net.Dialer) (*http.Transport, error) {
-	dial, err := Dialer(proxyURL, base)
-	if err != nil {
-		return nil, err
-	}
-	return &http.Transport{
-		DialContext:           dial,
+	tr := &http.Transport{
+		DialContext:           base.DialContext,
 		MaxIdleConns:          100,
 		MaxIdleConnsPerHost:   10,
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
-	}, nil
+		OnProxyConnectResponse: func(_ context.Context, proxy *url.URL, req *http.Request, resp *http.Response) error {
+			if resp.StatusCode != http.StatusOK {
+				return &ProxyError{Proxy: proxy.Host, Target: req.URL.Opaque, Status: resp.StatusCode}
+			}
+			return nil
+		},
+	}
+	if u != nil {
+		tr.Proxy = http.ProxyURL(u)
+	}
+	return &Transport{Transport: tr, proxy: u}, nil
+}
+
+// RoundTrip sends req through the route's proxy.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.Transport.RoundTrip(req)
+	switch {
+	case t.proxy == nil:
+	case err != nil && t.proxy.Scheme == "socks5":
+		return nil, socksError(t.proxy.Host, targetAddr(req.URL), err)
+	case err == nil && req.URL.Scheme == "http" && t.proxy.Scheme == "http" && refusedByProxy(resp):
+		_ = resp.Body.Close()
+		return nil, &ProxyError{Proxy: t.proxy.Host, Target: targetAddr(req.URL), Status: resp.StatusCode}
+	}
+	return resp, err
+}
+
+// refusedByProxy reports whether the answer to a forwarded request is the
+// proxy's own refusal: a 407, or a Proxy-Status entry with an error
+// parameter (RFC 9209).
+func refusedByProxy(resp *http.Response) bool {
+	if resp.StatusCode == http.StatusProxyAuthRequired {
+		return true
+	}
+	for _, v := range resp.Header.Values("Proxy-Status") {
+		for _, param := range strings.Split(v, ";") {
+			if k, _, _ := strings.Cut(strings.TrimSpace(param), "="); strings.EqualFold(k, "error") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// socksError marks a failed SOCKS5 handshake as a ProxyError and keeps
+// any other failure (the proxy refused the connection, a timeout, the
+// target's answer) as it is.
+func socksError(proxyAddr, target string, err error) error {
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "socks connect" || isTimeout(err) || isRefused(err) {
+		return err
+	}
+	return &ProxyError{Proxy: proxyAddr, Target: target, Err: op.Err}
+}
+
+// targetAddr is u's host:port, with the scheme's default port.
+func targetAddr(u *url.URL) string {
+	if u.Port() != "" {
+		return u.Host
+	}
+	port := "80"
+	if u.Scheme == "https" {
+		port = "443"
+	}
+	return net.JoinHostPort(u.Hostname(), port)
 }
 
 // ClassifyError says why a connection or request through a route failed:

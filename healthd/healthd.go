@@ -83,7 +83,7 @@ type route struct {
 	spec    config.Route
 	state   wire.Route
 	reports chan wire.RouteReport
-	probes  chan chan<- wire.RouteProbeReply
+	probes  chan probeRequest
 }
 
 // New validates cfg and fills its defaults.
@@ -127,7 +127,7 @@ func New(cfg Config, nc *nats.Conn, js jetstream.JetStream) (*Healthd, error) {
 		routes[r.ID] = &route{
 			spec:    r,
 			reports: make(chan wire.RouteReport, 64),
-			probes:  make(chan chan<- wire.RouteProbeReply),
+			probes:  make(chan probeRequest),
 		}
 	}
 	return &Healthd{
@@ -266,11 +266,18 @@ func (h *Healthd) loop(ctx context.Context, r *route) {
 			h.probeNow(ctx, r)
 		case rep := <-r.reports:
 			h.record(ctx, r, outcome{kind: rep.Kind, err: rep.Error}, nil)
-		case reply := <-r.probes:
-			res := h.probeNow(ctx, r)
+		case req := <-r.probes:
+			var res wire.HealthResult
+			if req.apply {
+				res = h.probeNow(ctx, r)
+			} else {
+				// Only a report: the route's state and schedule stay.
+				res = h.probe(ctx, r.spec)
+				res.State, res.Score = r.state.State, r.state.Score
+			}
 			st := r.state
 			st.Proxy = wire.RedactProxy(st.Proxy)
-			reply <- wire.RouteProbeReply{Result: &res, Route: &st}
+			req.reply <- wire.RouteProbeReply{Result: &res, Route: &st}
 		}
 		timer.Stop()
 		timer.Reset(h.next(r))
@@ -361,6 +368,14 @@ func (h *Healthd) onReport(ctx context.Context, m *nats.Msg) {
 	}
 }
 
+// probeRequest is a probe asked for on SubjectRouteProbe, handed to its
+// route's loop.
+type probeRequest struct {
+	// apply records the outcome like a scheduled probe's.
+	apply bool
+	reply chan<- wire.RouteProbeReply
+}
+
 // onProbe answers a probe request from its route's loop.
 func (h *Healthd) onProbe(ctx context.Context, req micro.Request) {
 	var in wire.RouteProbeRequest
@@ -375,7 +390,7 @@ func (h *Healthd) onProbe(ctx context.Context, req micro.Request) {
 	}
 	ch := make(chan wire.RouteProbeReply, 1)
 	select {
-	case r.probes <- ch:
+	case r.probes <- probeRequest{apply: in.Apply, reply: ch}:
 	case <-ctx.Done():
 		return
 	}

@@ -105,7 +105,7 @@ func (b *bundle) ask(id string) (wire.RouteProbeReply, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	var reply wire.RouteProbeReply
-	err := rpc.Request(ctx, b.env.NC, wire.SubjectRouteProbe, wire.RouteProbeRequest{ID: id}, &reply)
+	err := rpc.Request(ctx, b.env.NC, wire.SubjectRouteProbe, wire.RouteProbeRequest{ID: id, Apply: true}, &reply)
 	return reply, err
 }
 
@@ -478,4 +478,36 @@ func TestLifecycle(t *testing.T) {
 		}
 		lifecycletest.FailedStart(t, newHealthd(t, env))
 	})
+}
+
+// TestManualProbeReportsOnly: a probe asked for without apply reports its
+// outcome and leaves the route's counters, cooldown and schedule alone; with
+// apply it counts like a scheduled probe.
+func TestManualProbeReportsOnly(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	good := site(t, http.StatusOK)
+	p := proxytest.Start(t, proxytest.HTTPConnect)
+	p.SetDeny(true)
+	clk := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	b := start(t, env, Config{
+		Clock: clk, CooldownBase: time.Minute,
+		Routes: []config.Route{{ID: "plant", Proxy: p.URL(), ProbeURL: good.URL, Interval: config.Duration(time.Hour)}},
+	})
+	b.waitRoute(t, "plant", "probed at start", func(r wire.Route) bool { return r.ConsecutiveFailures == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	for range 4 {
+		var reply wire.RouteProbeReply
+		if err := rpc.Request(ctx, env.NC, wire.SubjectRouteProbe, wire.RouteProbeRequest{ID: "plant"}, &reply); err != nil {
+			t.Fatal(err)
+		}
+		if reply.Result.OK || reply.Route.ConsecutiveFailures != 1 || reply.Route.State != wire.RouteAvailable {
+			t.Fatalf("manual probe = result ok %v, route %+v; want a failed result, the route unchanged", reply.Result.OK, reply.Route)
+		}
+	}
+	reply := b.probe(t, "plant") // with apply
+	if reply.Route.ConsecutiveFailures != 2 {
+		t.Errorf("applied probe: consecutive failures = %d, want 2", reply.Route.ConsecutiveFailures)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
@@ -191,10 +192,10 @@ func (s *SchedulerStore) State(ctx context.Context, job string) (wire.JobState, 
 	return st, nil
 }
 
-// PutStateAsync stores a job's state without waiting for the broker's
-// acknowledgement; check the future.
-func (s *SchedulerStore) PutStateAsync(st wire.JobState) (jetstream.PubAckFuture, error) {
-	return s.putAsync(schedStatePrefix+st.Job, st, 0)
+// StateMsg returns the put of a job's state as a message on the bucket's
+// subject, for a caller that publishes it without waiting.
+func (s *SchedulerStore) StateMsg(st wire.JobState) (*nats.Msg, error) {
+	return putMsg(schedStatePrefix+st.Job, st, 0)
 }
 
 // DeleteState forgets a deleted job's state.
@@ -205,11 +206,11 @@ func (s *SchedulerStore) DeleteState(ctx context.Context, job string) error {
 	return nil
 }
 
-// PutRunAsync stores a run in the history, kept for ttl (whole seconds, at
-// least 1 s; 0 keeps it until the bucket's limits), without waiting for the
-// broker's acknowledgement.
-func (s *SchedulerStore) PutRunAsync(r wire.JobRun, ttl time.Duration) (jetstream.PubAckFuture, error) {
-	return s.putAsync(runKey(r.Job, r.Planned), r, ttl)
+// RunMsg returns the put of a run in the history, kept for ttl (whole
+// seconds, at least 1 s; 0 keeps it until the bucket's limits), as a
+// message for a caller that publishes it without waiting.
+func (s *SchedulerStore) RunMsg(r wire.JobRun, ttl time.Duration) (*nats.Msg, error) {
+	return putMsg(runKey(r.Job, r.Planned), r, ttl)
 }
 
 // Run returns the run of job planned at planned.
@@ -264,10 +265,11 @@ func (s *SchedulerStore) Cooldowns(ctx context.Context) (map[string]time.Time, e
 	return out, err
 }
 
-// PutCooldownAsync records that jobs on resource wait until until.
-func (s *SchedulerStore) PutCooldownAsync(resource string, until time.Time) (jetstream.PubAckFuture, error) {
+// CooldownMsg returns the record that jobs on resource wait until until,
+// as a message for a caller that publishes it without waiting.
+func (s *SchedulerStore) CooldownMsg(resource string, until time.Time) (*nats.Msg, error) {
 	key := schedCoolPrefix + base64.RawURLEncoding.EncodeToString([]byte(resource))
-	return s.putAsync(key, cooldown{Resource: resource, Until: until}, 0)
+	return putMsg(key, cooldown{Resource: resource, Until: until}, 0)
 }
 
 type cooldown struct {
@@ -279,16 +281,14 @@ func runKey(job string, planned time.Time) string {
 	return schedRunPrefix + job + "." + strconv.FormatInt(planned.UnixNano(), 10)
 }
 
-func (s *SchedulerStore) putAsync(key string, v any, ttl time.Duration) (jetstream.PubAckFuture, error) {
+// putMsg returns the put of v under key as a message on the bucket's
+// subject, with a TTL when ttl > 0.
+func putMsg(key string, v any, ttl time.Duration) (*nats.Msg, error) {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", key, err)
 	}
-	f, err := s.js.PublishMsgAsync(kv.Msg(wire.BucketScheduler, key, data, ttl))
-	if err != nil {
-		return nil, fmt.Errorf("put %s: %w", key, err)
-	}
-	return f, nil
+	return kv.Msg(wire.BucketScheduler, key, data, ttl), nil
 }
 
 // each calls fn with the live value of every key matching filter.

@@ -314,16 +314,48 @@ func ParseAt(s, tz string) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%w: at %q: want RFC 3339 or 2006-01-02 15:04[:05]", ErrInvalid, s)
 }
 
-// NextFire returns the first planned time of j after t (zero when it has
-// none), jitter included.
-func NextFire(j wire.Job, t time.Time) (time.Time, error) {
-	s, err := Compile(j)
-	if err != nil {
-		return time.Time{}, err
+// maxWindowScan bounds the planned times NextInWindow passes over: a
+// year of a job every 5 minutes outside a one-hour window.
+const maxWindowScan = 100_000
+
+// Fire is one fire of a job: its planned time, the moment it fires
+// (planned plus jitter) and how many planned times before it were passed
+// over as outside the windows.
+type Fire struct {
+	Planned time.Time `json:"planned"`
+	At      time.Time `json:"at"`
+	Skipped int       `json:"skipped_before,omitempty"`
+}
+
+// NextInWindow returns the first fire planned strictly after t whose
+// moment (planned plus jitter) is inside the job's windows, counting the
+// planned times it passes over. The zero Fire means none: a one-shot job
+// that has passed, or none in the next maxWindowScan planned times
+// (Skipped then says how many were looked at).
+func (s *Spec) NextInWindow(t time.Time) Fire {
+	skipped := 0
+	for p := s.sched.Next(t); !p.IsZero(); p = s.sched.Next(p) {
+		at := p.Add(s.Jitter(p))
+		if s.InWindow(at) {
+			return Fire{Planned: p, At: at, Skipped: skipped}
+		}
+		if skipped++; skipped >= maxWindowScan {
+			return Fire{Skipped: skipped}
+		}
 	}
-	p := s.sched.Next(t)
-	if p.IsZero() {
-		return p, nil
+	return Fire{}
+}
+
+// Fires returns the next n fires after t, as NextInWindow finds them.
+func (s *Spec) Fires(t time.Time, n int) []Fire {
+	var out []Fire
+	for len(out) < n {
+		f := s.NextInWindow(t)
+		if f.Planned.IsZero() {
+			break
+		}
+		out = append(out, f)
+		t = f.Planned
 	}
-	return p.Add(s.Jitter(p)), nil
+	return out
 }

@@ -225,8 +225,28 @@ func TestParseAt(t *testing.T) {
 	if _, err := ParseAt("tomorrow", ""); !errors.Is(err, ErrInvalid) {
 		t.Errorf("ParseAt(tomorrow) = %v, want ErrInvalid", err)
 	}
-	next, err := NextFire(wire.Job{Name: "a", Type: "noop", Every: "1h"}, ts("2026-12-01T03:10:00Z"))
-	if err != nil || !next.Equal(ts("2026-12-01T04:00:00Z")) {
-		t.Errorf("NextFire = %s, %v, want 04:00", next, err)
+}
+
+// TestNextInWindow: the next fire of a job with a window, jitter and a
+// time zone is inside the window, in its zone, jitter included; the planned
+// times outside are counted.
+func TestNextInWindow(t *testing.T) {
+	t.Parallel()
+	s, err := Compile(wire.Job{Name: "cam", Type: "noop", Every: "10s", Windows: []string{"06:00-22:00"},
+		Timezone: "Europe/Berlin", Jitter: "5s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 22:30 Berlin (21:30 UTC): the next fire is at 06:00 Berlin.
+	f := s.NextInWindow(ts("2026-12-01T21:30:00Z"))
+	if want := ts("2026-12-02T05:00:00Z"); !f.Planned.Equal(want) || f.At.Before(want) || f.At.Sub(want) >= 5*time.Second {
+		t.Errorf("NextInWindow(22:30 Berlin) = planned %s at %s, want planned %s within 5s jitter", f.Planned, f.At, want)
+	}
+	if f.Skipped != 2699 {
+		t.Errorf("skipped = %d, want %d planned times outside the window", f.Skipped, 2699)
+	}
+	fires := s.Fires(ts("2026-12-01T21:30:00Z"), 3)
+	if len(fires) != 3 || !fires[2].Planned.Equal(ts("2026-12-02T05:00:20Z")) || fires[1].Skipped != 0 {
+		t.Errorf("Fires(3) = %+v, want 06:00:00, 06:00:10, 06:00:20 Berlin", fires)
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
@@ -126,24 +126,22 @@ func TestSchedulerStateRunsCooldowns(t *testing.T) {
 		t.Fatal(err)
 	}
 	t0 := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
-	wait := func(f jetstream.PubAckFuture, err error) {
+	put := func(m *nats.Msg, err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
+		if _, err := env.JS.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	wait(s.PutStateAsync(wire.JobState{Job: "a", LastPlanned: t0}))
+	put(s.StateMsg(wire.JobState{Job: "a", LastPlanned: t0}))
 	for i := range 3 {
-		wait(s.PutRunAsync(wire.JobRun{Job: "a", TaskID: wire.JobTaskID("a", t0.Add(time.Duration(i)*time.Minute)),
+		put(s.RunMsg(wire.JobRun{Job: "a", TaskID: wire.JobTaskID("a", t0.Add(time.Duration(i)*time.Minute)),
 			Planned: t0.Add(time.Duration(i) * time.Minute), State: wire.TaskWaiting}, time.Hour))
 	}
-	wait(s.PutRunAsync(wire.JobRun{Job: "ab", Planned: t0}, 0))
-	wait(s.PutCooldownAsync("cam 1/ü", t0.Add(time.Minute)))
+	put(s.RunMsg(wire.JobRun{Job: "ab", Planned: t0}, 0))
+	put(s.CooldownMsg("cam 1/ü", t0.Add(time.Minute)))
 	st, err := s.State(ctx, "a")
 	if err != nil || !st.LastPlanned.Equal(t0) {
 		t.Errorf("State = %+v, %v, want last planned %s", st, err, t0)

@@ -18,6 +18,14 @@
 // that is not registered can still be leased: it then gets a plain lease and
 // no state machine.
 //
+// A busy resource has a line (gantry_waiters): Resources.LeaseWait takes a
+// place in it, a key with a per-key TTL its waiter renews, follows the
+// resource's lease, state and line with KV watches, and takes the lease
+// the moment the lease is gone, the resource is neither DISABLED nor FAULT
+// and its place is first (priority, then arrival). A dead waiter's place
+// lapses with its TTL. Workers and `gantry lease acquire|run --wait` wait
+// in it.
+//
 // The Keeper actor registers the resources of the config file, records
 // lease expiries (LEASE_EXPIRED, one event per expiry even with several
 // keepers) and reclaims resources left LEASED, RUNNING or COOLDOWN whose

@@ -81,13 +81,17 @@ func NewLeases(js jetstream.JetStream, cfg LeasesConfig) (*Leases, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new leases: bucket %s: %w", cfg.Bucket, err)
 	}
+	ev, err := newEvents(cfg.Audit, js, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("new leases: %w", err)
+	}
 	return &Leases{
 		js:     js,
 		kv:     b,
 		stream: stream,
 		hints:  map[string]uint64{},
 		prefix: "$KV." + cfg.Bucket + ".",
-		ev:     newEvents(cfg.Audit, js, cfg.Logger),
+		ev:     ev,
 		clock:  cfg.Clock,
 		log:    cfg.Logger,
 	}, nil

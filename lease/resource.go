@@ -62,6 +62,9 @@ type Resource struct {
 	Reclaim ReclaimPolicy `json:"reclaim,omitempty"`
 	// Revision is the KV revision read; moves compare-and-swap on it.
 	Revision uint64 `json:"-"`
+	// Waiters is the line waiting for the resource, next first, as Get and
+	// List read it from gantry_waiters (not stored with the resource).
+	Waiters []wire.Waiter `json:"-"`
 }
 
 // moves is the contract's table of allowed state moves, plus the
@@ -96,14 +99,19 @@ type ResourcesConfig struct {
 	Bucket string
 }
 
-// Resources is the resource store on gantry_resources. It is safe for
-// concurrent use.
+// Resources is the resource store on gantry_resources, with the lines of
+// those waiting for a resource in gantry_waiters. It is safe for concurrent
+// use.
 type Resources struct {
-	kv     jetstream.KeyValue
-	leases *Leases
-	ev     *events
-	clock  clock.Clock
-	log    *slog.Logger
+	js      jetstream.JetStream
+	kv      jetstream.KeyValue
+	waiters jetstream.KeyValue
+	leases  *Leases
+	ev      *events
+	clock   clock.Clock
+	log     *slog.Logger
+	// lines follows the line of each resource this process waits for.
+	lines *lines
 }
 
 // NewResources returns the resource store on js's resources bucket.
@@ -130,7 +138,17 @@ func NewResources(js jetstream.JetStream, cfg ResourcesConfig) (*Resources, erro
 	if err != nil {
 		return nil, fmt.Errorf("new resources: bucket %s: %w", cfg.Bucket, err)
 	}
-	return &Resources{kv: kv, leases: cfg.Leases, ev: newEvents(cfg.Audit, js, cfg.Logger), clock: cfg.Clock, log: cfg.Logger}, nil
+	waiters, err := js.KeyValue(ctx, wire.BucketWaiters)
+	if err != nil {
+		return nil, fmt.Errorf("new resources: bucket %s: %w", wire.BucketWaiters, err)
+	}
+	ev, err := newEvents(cfg.Audit, js, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("new resources: %w", err)
+	}
+	r := &Resources{js: js, kv: kv, waiters: waiters, leases: cfg.Leases, ev: ev, clock: cfg.Clock, log: cfg.Logger}
+	r.lines = &lines{r: r, all: map[string]*line{}}
+	return r, nil
 }
 
 // Leases returns the lease store the resources are leased through.
@@ -185,7 +203,25 @@ func (r *Resources) Get(ctx context.Context, id string) (Resource, error) {
 	if err != nil {
 		return Resource{}, fmt.Errorf("get resource %s: %w", id, err)
 	}
+	lease, err := r.leases.Get(ctx, id)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return Resource{}, fmt.Errorf("get resource %s: %w", id, err)
+	}
+	waiting, err := r.waiting(ctx, id+".*")
+	if err != nil {
+		return Resource{}, fmt.Errorf("get resource %s: %w", id, err)
+	}
+	withLive(&res, lease, waiting[id])
 	return res, nil
+}
+
+// withLive gives res the live expiry of its holder's lease and its line.
+func withLive(res *Resource, lease wire.Lease, line []wire.Waiter) {
+	if res.LeaseOwner != "" && lease.Owner == res.LeaseOwner {
+		until := lease.ExpiresAt
+		res.LeaseUntil = &until
+	}
+	res.Waiters = line
 }
 
 func (r *Resources) get(ctx context.Context, id string) (Resource, error) {
@@ -210,14 +246,18 @@ func decodeResource(e jetstream.KeyValueEntry) (Resource, error) {
 	return res, nil
 }
 
-// List returns every resource, sorted by id. A LEASED or RUNNING resource's
-// lease_until is its holder's live lease expiry.
+// List returns every resource, sorted by id, with its line. A LEASED or
+// RUNNING resource's lease_until is its holder's live lease expiry.
 func (r *Resources) List(ctx context.Context) ([]Resource, error) {
 	entries, err := kv.Entries(ctx, r.kv, "")
 	if err != nil {
 		return nil, fmt.Errorf("list resources: %w", err)
 	}
 	leases, err := r.leases.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list resources: %w", err)
+	}
+	waiting, err := r.waiting(ctx, "")
 	if err != nil {
 		return nil, fmt.Errorf("list resources: %w", err)
 	}
@@ -232,10 +272,7 @@ func (r *Resources) List(ctx context.Context) ([]Resource, error) {
 			r.log.Warn("skipping undecodable resource", "resource_id", e.Key(), "err", err)
 			continue
 		}
-		if l, ok := byID[res.ID]; ok && res.LeaseOwner != "" && l.Owner == res.LeaseOwner {
-			until := l.ExpiresAt
-			res.LeaseUntil = &until
-		}
+		withLive(&res, byID[res.ID], waiting[res.ID])
 		out = append(out, res)
 	}
 	slices.SortFunc(out, func(a, b Resource) int { return strings.Compare(a.ID, b.ID) })

@@ -103,6 +103,13 @@ func (r *Resources) Lease(ctx context.Context, id, owner string, ttl time.Durati
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("lease resource %s: %w", id, err)
 	}
+	return r.leaseFrom(ctx, id, owner, ttl, cur, registered)
+}
+
+// leaseFrom is Lease from cur, the resource as last read (registered:
+// whether it was found). A stale cur costs a read: every move is a
+// compare-and-swap on its revision.
+func (r *Resources) leaseFrom(ctx context.Context, id, owner string, ttl time.Duration, cur Resource, registered bool) (*ResourceHolder, error) {
 	if registered && (cur.State == wire.ResourceDisabled || cur.State == wire.ResourceFault) {
 		return nil, &UnavailableError{Resource: id, State: cur.State, LastError: cur.LastError}
 	}

@@ -9,11 +9,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/asyncpub"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/rpc"
 	"github.com/gantry-dev/gantry/jobs"
@@ -235,13 +235,21 @@ func (r *runner) serveTrigger(m micro.Request) {
 	respond(rep.run, rep.err)
 }
 
+// unleadFlushTimeout bounds the wait for the pending publishes when the
+// scheduler stops leading.
+const unleadFlushTimeout = 10 * time.Second
+
 // unlead stops everything only a leader does.
 func (r *runner) unlead(reason string) {
 	if !r.leader {
 		return
 	}
-	r.flush(context.Background())
-	r.drain(context.Background())
+	r.flush()
+	ctx, cancel := context.WithTimeout(context.Background(), unleadFlushTimeout)
+	defer cancel()
+	if err := r.pub.Flush(ctx); err != nil {
+		r.s.log.Warn("publishes not confirmed", "err", err)
+	}
 	r.leader = false
 	r.s.leading.Store(false)
 	if r.consume != nil {
@@ -303,7 +311,9 @@ func (r *runner) fireDue(ctx context.Context) {
 		} else {
 			pf = plannedFire{at: en.next, trigger: wire.TriggerSchedule}
 		}
-		if reason, detail := r.decide(en, now, counts); reason != "" {
+		if reason, detail := r.decide(en, now, counts); reason == wire.SkipWindow && len(en.queue) == 0 {
+			r.skipWindow(en, pf, detail)
+		} else if reason != "" {
 			r.skip(en, pf, reason, detail)
 		} else {
 			pubs = append(pubs, r.fire(en, pf, now, counts))
@@ -319,7 +329,7 @@ func (r *runner) fireDue(ctx context.Context) {
 		}
 	}
 	r.complete(ctx, pubs)
-	r.flush(ctx)
+	r.flush()
 }
 
 // hold delays every due entry a little after a failed check.
@@ -373,13 +383,31 @@ func (r *runner) skip(en *entry, pf plannedFire, reason wire.SkipReason, detail 
 		Payload: audit.Payload(map[string]any{"reason": reason, "planned": pf.at, "trigger": pf.trigger})})
 }
 
+// skipWindow skips a fire outside the job's windows together with every
+// planned time up to the next one inside them, in one JOB_SKIPPED: a job
+// every 10 s outside a 06:00-22:00 window records one event a night, not
+// 2,880.
+func (r *runner) skipWindow(en *entry, pf plannedFire, detail string) {
+	j := en.spec.Job
+	next := en.spec.NextInWindow(pf.at)
+	payload := map[string]any{"reason": wire.SkipWindow, "planned": pf.at, "trigger": pf.trigger, "skipped": next.Skipped + 1}
+	msg := fmt.Sprintf("job skipped: %s; %d planned fires skipped", detail, next.Skipped+1)
+	if !next.Planned.IsZero() {
+		payload["until"] = next.Planned
+		msg += " until " + next.Planned.In(en.spec.Location()).Format(time.RFC3339)
+		until := next.Planned
+		en.state.SkipUntil = &until
+	}
+	r.s.log.Debug("job skipped", "job", j.Name, "reason", wire.SkipWindow, "planned", pf.at, "skipped", next.Skipped+1)
+	r.emitAsync(wire.Event{Type: wire.EventJobSkipped, JobID: j.Name, TaskID: wire.JobTaskID(j.Name, pf.at),
+		Message: msg, Payload: audit.Payload(payload)})
+}
+
 // pub is a task publish in flight.
 type pub struct {
 	en  *entry
-	msg *nats.Msg
-	f   jetstream.PubAckFuture
-	ack *jetstream.PubAck
-	err error
+	f   *asyncpub.Future
+	err error // the task message could not be built: nothing was published
 	run wire.JobRun
 }
 
@@ -397,14 +425,14 @@ func (r *runner) fire(en *entry, pf plannedFire, now time.Time, counts *taskCoun
 	task := wire.Task{ID: id, Payload: j.Payload, Resource: j.Resource, Priority: j.Priority,
 		MaxAttempts: j.MaxAttempts, Timeout: j.Timeout}
 	msg, err := tasks.NewMsg(j.Queue, j.Type, task)
-	p := &pub{en: en, msg: msg, err: err, run: wire.JobRun{
+	p := &pub{en: en, err: err, run: wire.JobRun{
 		Job: j.Name, TaskID: id, Planned: pf.at, Fired: now, Trigger: pf.trigger,
 		State: wire.TaskWaiting, Machine: r.s.host, Term: r.lead.Term,
 	}}
 	if err == nil {
 		msg.Header.Set(wire.HeaderJob, j.Name)
 		msg.Header.Set(wire.HeaderPlanned, pf.at.UTC().Format(time.RFC3339Nano))
-		p.f, p.err = r.s.js.PublishMsgAsync(msg)
+		p.f = r.pub.Async(msg)
 	}
 	en.state.Active = append(en.state.Active, wire.ActiveRun{TaskID: id, Planned: pf.at})
 	if n := len(en.state.Active) - maxActivePerJob; n > 0 {
@@ -439,42 +467,20 @@ func (r *runner) cancelActive(en *entry) {
 	}
 }
 
-// awaitAcks waits for the broker's answer to each task publish of a batch.
-func awaitAcks(ctx context.Context, pubs []*pub) {
-	timeout := time.NewTimer(10 * time.Second)
-	defer timeout.Stop()
-	for _, p := range pubs {
-		if p.err != nil {
-			continue
-		}
-		select {
-		case p.ack = <-p.f.Ok():
-		case p.err = <-p.f.Err():
-		case <-timeout.C:
-			p.err = errors.New("no acknowledgement within 10s")
-		case <-ctx.Done():
-			p.err = ctx.Err()
-		}
-	}
-}
-
-// complete waits for the task publishes of a batch and records each fire.
+// complete waits for the task publishes of a batch and records each fire:
+// its run and JOB_FIRED. A failed publish is published again (its
+// Nats-Msg-Id makes that safe); a duplicate (fired before by another
+// leader) is not recorded again.
 func (r *runner) complete(ctx context.Context, pubs []*pub) {
-	awaitAcks(ctx, pubs)
-	r.record(ctx, pubs)
-}
-
-// record retries the publishes that failed (the Nats-Msg-Id makes a retry
-// safe), and records each fire: its run and JOB_FIRED; a duplicate (fired
-// before by another leader) is not recorded again.
-func (r *runner) record(ctx context.Context, pubs []*pub) {
 	for _, p := range pubs {
-		ack, err := p.ack, p.err
-		// A task that could not be built is not published again.
-		for try := 0; err != nil && p.msg != nil && try < 3 && ctx.Err() == nil; try++ {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			ack, err = r.s.js.PublishMsg(cctx, p.msg)
-			cancel()
+		var ack *jetstream.PubAck
+		// A task that could not be built was not published.
+		err := p.err
+		if err == nil {
+			err = r.pub.Settle(ctx, p.f, "")
+		}
+		if err == nil {
+			ack, err = p.f.Ack()
 		}
 		j := p.en.spec.Job
 		id := p.run.TaskID
@@ -526,7 +532,7 @@ func (r *runner) trigger(ctx context.Context, name string) (wire.JobRun, error) 
 	now := r.s.clock.Now()
 	p := r.fire(en, plannedFire{at: now, trigger: wire.TriggerManual}, now, nil)
 	r.complete(ctx, []*pub{p})
-	r.flush(ctx)
+	r.flush()
 	if r.active[p.run.TaskID] == nil {
 		return wire.JobRun{}, errors.New("task could not be published")
 	}

@@ -62,11 +62,7 @@ func TestLeaderKilledFollowerTakesOver(t *testing.T) {
 	b.waitEvents(wire.EventJobFired, 3)
 	anc.Close()
 	killed := time.Now()
-	f, err := b.st.PutStateAsync(wire.JobState{Job: "ha", LastPlanned: t0.Add(time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-f.Ok()
+	b.putState(wire.JobState{Job: "ha", LastPlanned: t0.Add(time.Minute)})
 	// Two planned times pass while nobody leads.
 	b.clk.Advance(2 * time.Minute)
 	b.waitFor("the follower leads", func() bool { l, _ := follower.Leading(); return l })

@@ -35,6 +35,18 @@ type bundle struct {
 	audit jetstream.Stream
 }
 
+// putState stores a job's state and waits for the bucket to have it.
+func (b *bundle) putState(st wire.JobState) {
+	b.t.Helper()
+	m, err := b.st.StateMsg(st)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if _, err := b.env.JS.PublishMsg(context.Background(), m); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	env := brokertest.Start(t)

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/asyncpub"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/jobs"
@@ -25,9 +26,13 @@ import (
 // downtime; the rest are counted in one summary event.
 const maxMissedEvents = 100
 
-// maxPendingAcks bounds the state, run and event publishes awaiting their
-// acknowledgement before the loop waits for them.
+// maxPendingAcks bounds the task, state, run and event publishes awaiting
+// their acknowledgement before the loop waits for room.
 const maxPendingAcks = 2000
+
+// publishRetries is how many times a failed task publish (or audit event)
+// is published again, synchronously: its Nats-Msg-Id makes that safe.
+const publishRetries = 3
 
 // maxReconcile bounds the task lookups of one reconciliation pass.
 const maxReconcile = 1000
@@ -104,8 +109,10 @@ type runner struct {
 	trigSvc   micro.Service
 	reconcile clock.Timer
 
-	pending []jetstream.PubAckFuture
-	dirty   []*entry
+	// pub publishes tasks, job states, runs and events without waiting
+	// and checks their acknowledgements.
+	pub   *asyncpub.Publisher
+	dirty []*entry
 	// done is closed when the loop returns, releasing NATS callbacks that
 	// wait for it.
 	done chan struct{}
@@ -131,8 +138,12 @@ func (s *Scheduler) newRunner(ctx context.Context, stopping <-chan struct{}) (*r
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: open jobs stream: %w", err)
 	}
+	pub, err := asyncpub.New(s.js.Conn(), asyncpub.Config{MaxPending: maxPendingAcks, Retries: publishRetries, Logger: s.log})
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
 	r := &runner{
-		s: s, jobs: jobStore, st: st, jobsStr: str,
+		s: s, jobs: jobStore, st: st, jobsStr: str, pub: pub,
 		entries:    map[string]*entry{},
 		leaderCh:   make(chan leaderChange),
 		active:     map[string]*active{},
@@ -216,7 +227,7 @@ func (r *runner) loop(ctx context.Context) error {
 			}
 			if e != nil {
 				r.applyJob(e)
-				r.flush(ctx)
+				r.flush()
 				r.arm()
 			}
 		case ch := <-r.leaderCh:
@@ -232,7 +243,7 @@ func (r *runner) loop(ctx context.Context) error {
 			r.arm()
 		case m := <-r.events:
 			r.taskEvent(m)
-			r.flush(ctx)
+			r.flush()
 			r.arm()
 		case tr := <-r.triggers:
 			run, err := r.trigger(ctx, tr.job)
@@ -305,9 +316,12 @@ func (r *runner) removeEntry(en *entry) {
 	}
 }
 
-// plan computes an entry's next fire from its persisted state, turning
-// planned times older than the misfire threshold into misfires handled by
-// the job's policy, and (re)places it in the heap.
+// plan computes an entry's next fire from its persisted state and
+// (re)places it in the heap. Planned times already past are fired late
+// (trigger schedule) while none of them is older than the misfire
+// threshold (a failover, a slow batch); once one is, the scheduler was
+// down, and the job's misfire policy decides for every past one: "once"
+// fires once, however many passed.
 func (r *runner) plan(en *entry, now time.Time) {
 	j := en.spec.Job
 	en.queue = nil
@@ -317,27 +331,41 @@ func (r *runner) plan(en *entry, now time.Time) {
 			base = t
 		}
 	}
+	if su := en.state.SkipUntil; su != nil {
+		switch {
+		case !su.After(en.state.LastPlanned) || j.UpdatedAt.After(en.state.LastPlanned):
+			// Reached, or the job changed since: its windows may have.
+			en.state.SkipUntil = nil
+		case su.After(base):
+			// The planned times before it were skipped, in one summary.
+			base = su.Add(-time.Nanosecond)
+		}
+	}
 	if base.IsZero() {
 		// Never fired, and no creation time (written by another client):
 		// nothing can have been missed.
 		base = now
 	}
 	cutoff := now.Add(-r.s.cfg.MisfireThreshold)
+	first := en.spec.Next(base)
+	if first.IsZero() || first.After(cutoff) {
+		en.next = first
+		r.reschedule(en, now)
+		return
+	}
 	var missed []time.Time
-	p := en.spec.Next(base)
+	p := first
 	more := 0
-	for !p.IsZero() && !p.After(cutoff) {
+	for !p.IsZero() && p.Before(now) {
 		if len(missed) >= maxMisfireScan {
 			more++
-			p = en.spec.Next(cutoff)
+			p = en.spec.Next(now.Add(-time.Nanosecond))
 			break
 		}
 		missed = append(missed, p)
 		p = en.spec.Next(p)
 	}
-	if len(missed) > 0 {
-		r.misfire(en, missed, more)
-	}
+	r.misfire(en, missed, more)
 	en.next = p
 	r.reschedule(en, now)
 }
@@ -516,56 +544,32 @@ func (r *runner) fenced(ctx context.Context) error {
 	return nil
 }
 
-// emitAsync publishes an audit event without waiting; flush checks it.
+// emitAsync publishes an audit event without waiting; pub checks it.
 func (r *runner) emitAsync(ev wire.Event) {
-	f, err := r.s.audit.EmitAsync(ev)
+	m, err := r.s.audit.Message(&ev)
 	if err != nil {
 		r.s.log.Warn("emit audit event", "type", ev.Type, "err", err)
 		return
 	}
-	r.pending = append(r.pending, f)
+	r.pub.Publish(m, "")
 }
 
-// flush persists dirty job states and waits for every pending publish.
-func (r *runner) flush(ctx context.Context) {
+// flush persists dirty job states, without waiting; pub checks them.
+func (r *runner) flush() {
 	for _, en := range r.dirty {
 		en.dirty = false
 		if !r.leader || r.entries[en.state.Job] != en {
 			continue
 		}
-		f, err := r.st.PutStateAsync(en.state)
+		m, err := r.st.StateMsg(en.state)
 		if err != nil {
 			r.s.log.Warn("save job state", "job", en.spec.Job.Name, "err", err)
 			continue
 		}
-		r.pending = append(r.pending, f)
+		r.pub.Publish(m, "")
 	}
 	clear(r.dirty)
 	r.dirty = r.dirty[:0]
-	// Acknowledgements are collected as they come, off the fire path; only
-	// a backlog makes the loop wait.
-	keep := r.pending[:0]
-	for _, f := range r.pending {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			r.s.log.Warn("publish", "subject", f.Msg().Subject, "err", err)
-		default:
-			keep = append(keep, f)
-		}
-	}
-	clear(r.pending[len(keep):])
-	r.pending = keep
-	if len(r.pending) > maxPendingAcks {
-		r.drain(ctx)
-	}
-}
-
-// drain waits for every pending publish.
-func (r *runner) drain(ctx context.Context) {
-	r.wait(ctx, r.pending)
-	clear(r.pending)
-	r.pending = r.pending[:0]
 }
 
 // touch marks an entry's state to be saved by the next flush.
@@ -573,23 +577,6 @@ func (r *runner) touch(en *entry) {
 	if !en.dirty {
 		en.dirty = true
 		r.dirty = append(r.dirty, en)
-	}
-}
-
-// wait waits for publish acknowledgements, logging failures.
-func (r *runner) wait(ctx context.Context, fs []jetstream.PubAckFuture) {
-	timeout := time.NewTimer(10 * time.Second)
-	defer timeout.Stop()
-	for _, f := range fs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			r.s.log.Warn("publish", "subject", f.Msg().Subject, "err", err)
-		case <-timeout.C:
-			r.s.log.Warn("publish not acknowledged", "subject", f.Msg().Subject)
-		case <-ctx.Done():
-			return
-		}
 	}
 }
 
@@ -683,8 +670,8 @@ func (r *runner) finish(taskID string, state wire.TaskState, attempts int, msg s
 		until := r.s.clock.Now().Add(en.spec.Cooldown())
 		if until.After(r.cooldowns[res]) {
 			r.cooldowns[res] = until
-			if f, err := r.st.PutCooldownAsync(res, until); err == nil {
-				r.pending = append(r.pending, f)
+			if m, err := r.st.CooldownMsg(res, until); err == nil {
+				r.pub.Publish(m, "")
 			}
 		}
 	}
@@ -692,12 +679,12 @@ func (r *runner) finish(taskID string, state wire.TaskState, attempts int, msg s
 }
 
 func (r *runner) putRun(run wire.JobRun) {
-	f, err := r.st.PutRunAsync(run, r.s.cfg.RunHistoryTTL)
+	m, err := r.st.RunMsg(run, r.s.cfg.RunHistoryTTL)
 	if err != nil {
 		r.s.log.Warn("save run", "job", run.Job, "task_id", run.TaskID, "err", err)
 		return
 	}
-	r.pending = append(r.pending, f)
+	r.pub.Publish(m, "")
 }
 
 // reconcileActive looks up, off the loop, the unfinished runs in
@@ -743,7 +730,7 @@ func (r *runner) reconciledRuns(ctx context.Context, found []wire.TaskInfo) {
 	for _, info := range found {
 		r.finish(info.ID, info.State, info.Attempts, info.LastError, info.UpdatedAt)
 	}
-	r.flush(ctx)
+	r.flush()
 }
 
 // sortDue orders a batch: higher priority first, then earlier due.

@@ -120,7 +120,7 @@ func TestDeleteStopsFires(t *testing.T) {
 func TestWindowAndBudgetSkips(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.start(Config{}, true)
+	_, stop := b.start(Config{}, true)
 	// 10:00 UTC is 11:00 in Berlin: the window closes at 11:02 there.
 	b.addJob(wire.Job{Name: "win", Type: "noop", Every: "1m", Windows: []string{"10:30-11:02"}, Timezone: "Europe/Berlin"})
 	b.addJob(wire.Job{Name: "budget", Type: "noop", Every: "1m", MaxPerHour: 2})
@@ -129,17 +129,43 @@ func TestWindowAndBudgetSkips(t *testing.T) {
 	b.advance(time.Minute) // 11:02: win is outside its window
 	b.waitEvents(wire.EventJobFired, 3)
 	b.advance(time.Minute) // 11:03: budget has had its 2 fires this hour
+	b.advance(time.Minute) // 11:04: win stays quiet until its window opens
 	skipped := b.waitEvents(wire.EventJobSkipped, 3)
 	reasons := map[string][]any{}
 	for _, ev := range skipped {
 		reasons[ev.JobID] = append(reasons[ev.JobID], payloadField(ev, "reason"))
 	}
-	if fmt.Sprint(reasons["win"]) != "[window window]" || fmt.Sprint(reasons["budget"]) != "[budget]" {
-		t.Errorf("skip reasons = %v, want win: [window window], budget: [budget]", reasons)
+	// One summary for the whole time outside the window, not one a fire.
+	if fmt.Sprint(reasons["win"]) != "[window]" || fmt.Sprint(reasons["budget"]) != "[budget budget]" {
+		t.Errorf("skip reasons = %v, want win: [window], budget: [budget budget]", reasons)
 	}
+	for _, ev := range skipped {
+		if ev.JobID != "win" {
+			continue
+		}
+		// 11:02 Berlin to 10:29 the next day: 1408 planned times.
+		if payloadField(ev, "skipped") != float64(1408) || payloadField(ev, "until") != "2026-12-01T09:30:00Z" {
+			t.Errorf("win's JOB_SKIPPED = %q %s, want 1408 skipped until 10:30 Berlin the next day", ev.Message, ev.Payload)
+		}
+	}
+	b.waitFor("win's state saved", func() bool {
+		st, err := b.st.State(context.Background(), "win")
+		return err == nil && st.SkipUntil != nil
+	})
 	want := []string{wire.JobTaskID("budget", t0.Add(time.Minute)), wire.JobTaskID("budget", t0.Add(2*time.Minute)), wire.JobTaskID("win", t0.Add(time.Minute))}
 	if got := ids(b.waitTasks(3)); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("tasks = %v, want %v", got, want)
+	}
+	// A scheduler restarted in the night knows those times were skipped:
+	// no misfires for win.
+	stop()
+	b.clk.Advance(time.Hour)
+	b.start(Config{}, true)
+	b.waitEvents(wire.EventJobMissed, 1)
+	for _, ev := range b.events(wire.EventJobMissed) {
+		if ev.JobID == "win" {
+			t.Errorf("JOB_MISSED for win after a restart outside its window: %q", ev.Message)
+		}
 	}
 }
 
@@ -167,11 +193,7 @@ func TestMisfirePolicies(t *testing.T) {
 			if _, err := b.jobs.Create(context.Background(), j); err != nil {
 				t.Fatal(err)
 			}
-			f, err := b.st.PutStateAsync(wire.JobState{Job: "m", LastPlanned: t0.Add(-10 * time.Minute)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			<-f.Ok()
+			b.putState(wire.JobState{Job: "m", LastPlanned: t0.Add(-10 * time.Minute)})
 			b.start(Config{}, true)
 			// Missed: 09:51 .. 09:59 (older than the 1m threshold); 10:00
 			// is on time.
@@ -484,11 +506,7 @@ func TestMisfireSummary(t *testing.T) {
 	if _, err := b.jobs.Create(context.Background(), j); err != nil {
 		t.Fatal(err)
 	}
-	f, err := b.st.PutStateAsync(wire.JobState{Job: "long", LastPlanned: t0.Add(-200 * time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-f.Ok()
+	b.putState(wire.JobState{Job: "long", LastPlanned: t0.Add(-200 * time.Minute)})
 	b.start(Config{}, true)
 	// 199 missed (t0-199m .. t0-1m): 100 events, then one summary.
 	ev := b.waitEvents(wire.EventJobMissed, maxMissedEvents+1)
@@ -498,5 +516,41 @@ func TestMisfireSummary(t *testing.T) {
 	}
 	if got := b.waitTasks(1); !got[0].planned.Equal(t0) {
 		t.Errorf("task planned %s, want only the on-time %s", got[0].planned, t0)
+	}
+}
+
+// TestMisfireOnceAfterShortDowntime: a 10 s job down about 90 s fires
+// once at restart under misfire once, not the misfire plus every planned
+// time within the threshold (7 tasks before).
+func TestMisfireOnceAfterShortDowntime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	j, _ := jobs.Normalize(wire.Job{Name: "tick", Type: "noop", Every: "10s", Misfire: wire.MisfireOnce})
+	j.CreatedAt, j.UpdatedAt = t0.Add(-time.Hour), t0.Add(-time.Hour)
+	if _, err := b.jobs.Create(context.Background(), j); err != nil {
+		t.Fatal(err)
+	}
+	// Last fired at 09:58:30, back at 10:00:04: 09:58:40 .. 10:00:00 missed.
+	b.putState(wire.JobState{Job: "tick", LastPlanned: t0.Add(-90 * time.Second)})
+	b.clk.Advance(4 * time.Second)
+	b.start(Config{}, true)
+	got := b.waitTasks(1)
+	if !got[0].planned.Equal(t0) {
+		t.Errorf("task planned %s, want the latest missed time %s", got[0].planned, t0)
+	}
+	b.waitFor("state saved", func() bool {
+		st, err := b.st.State(context.Background(), "tick")
+		return err == nil && st.LastPlanned.Equal(t0)
+	})
+	if ev := b.waitEvents(wire.EventJobMissed, 8); len(ev) != 8 {
+		t.Errorf("JOB_MISSED = %d, want 8 (09:58:40 .. 09:59:50)", len(ev))
+	}
+	if n := len(b.taskMsgs()); n != 1 {
+		t.Errorf("tasks after restart = %d, want 1", n)
+	}
+	// The next one is on schedule.
+	b.advance(6 * time.Second)
+	if got := b.waitTasks(2); !got[1].planned.Equal(t0.Add(10 * time.Second)) {
+		t.Errorf("next task planned %s, want %s", got[1].planned, t0.Add(10*time.Second))
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
+	"github.com/oklog/ulid/v2"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/kv"
@@ -99,7 +99,7 @@ func (s *CheckpointStore) Save(ctx context.Context, taskID string, cp wire.Check
 // that died), made again, is recognised as this call's own.
 func (s *CheckpointStore) BeginOp(ctx context.Context, taskID, op string) (OpState, error) {
 	k := opKey(taskID, op)
-	mark := opStarted + " " + nuid.Next()
+	mark := opStarted + " " + ulid.Make().String()
 	var st OpState
 	err := kv.Retry(ctx, storeTry, func(ctx context.Context) error {
 		_, err := s.kv.Create(ctx, k, []byte(mark))

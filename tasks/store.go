@@ -225,7 +225,7 @@ func encodeTask(r wire.TaskRecord) ([]byte, error) {
 	if !wire.ValidTaskID(r.ID) {
 		return nil, fmt.Errorf("task id %q: want 1 to %d letters, digits, '-', '_' or '='", r.ID, wire.MaxTaskIDLen)
 	}
-	data, err := wire.EncodeTaskRecord(&r)
+	data, err := json.Marshal(r)
 	if err != nil {
 		return nil, fmt.Errorf("encode task %s: %w", r.ID, err)
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
+	"github.com/oklog/ulid/v2"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
@@ -79,14 +79,14 @@ func rawConsume(b *testing.B, extra int, msgID, kvPut bool) {
 			em := nats.NewMsg(wire.SubjectAuditPrefix + ".bench.x")
 			em.Data = m.Data()
 			if msgID {
-				em.Header.Set(jetstream.MsgIDHeader, nuid.Next())
+				em.Header.Set(jetstream.MsgIDHeader, ulid.Make().String())
 			}
 			if _, err := js.PublishMsgAsync(em); err != nil {
 				b.Error(err)
 			}
 		}
 		if kvPut {
-			if _, err := js.PublishAsync("$KV."+wire.BucketTasks+"."+nuid.Next(), m.Data()); err != nil {
+			if _, err := js.PublishAsync("$KV."+wire.BucketTasks+"."+ulid.Make().String(), m.Data()); err != nil {
 				b.Error(err)
 			}
 		}

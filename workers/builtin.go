@@ -119,6 +119,27 @@ func (w *Workers) runHTTP(ctx context.Context, t *Task) error {
 	}
 }
 
+// runSQL is the built-in sql: one statement against a database of
+// Config.Databases (see package sqltask), its result kept on the task's
+// record. Database errors come classified: permanent ones (syntax,
+// permission, missing object, constraint, data) carry a Permanent method.
+func (w *Workers) runSQL(ctx context.Context, t *Task) error {
+	var p wire.SQLPayload
+	if err := decodePayload(t, &p); err != nil {
+		return err
+	}
+	res, err := w.sql.Run(ctx, p)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(res)
+	if err != nil {
+		return fmt.Errorf("encode sql result: %w", err)
+	}
+	t.SetResult(data)
+	return nil
+}
+
 // parseRetryAfter reads a Retry-After header: seconds or an HTTP date. Zero
 // means no usable hint.
 func parseRetryAfter(v string, now time.Time) time.Duration {
@@ -138,8 +159,22 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
+// ErrNoHandler marks an attempt of a task whose type has no handler: no
+// built-in or registered one, and none answered on gantry.handlers.<type>.
+// It is a delayed retry after the policy's NoHandlerDelay, which does not
+// use up an attempt: a handler that restarts finds its tasks waiting.
+var ErrNoHandler = errors.New("no handler answered")
+
+// ErrHandlerSilent marks an attempt whose remote handler sent progress
+// heartbeats and then fell silent for longer than the heartbeat window:
+// it died or lost its connection. The attempt is retried.
+var ErrHandlerSilent = errors.New("handler stopped sending heartbeats")
+
 // runRemote sends the task to the handler answering on
-// gantry.handlers.<type>.
+// gantry.handlers.<type> and waits for its reply on an inbox of its own,
+// where the handler may first send progress messages (wire.HeaderProgress):
+// heartbeats, whose bodies are output lines. Once one came, a silence
+// longer than the heartbeat window fails the attempt.
 func (w *Workers) runRemote(ctx context.Context, t *Task) error {
 	cp, err := t.Checkpoint(ctx)
 	if err != nil {
@@ -151,15 +186,50 @@ func (w *Workers) runRemote(ctx context.Context, t *Task) error {
 		return fmt.Errorf("encode handler request: %w", err)
 	}
 	subj := wire.HandlerSubject(t.Type)
+	inbox := w.nc.NewInbox()
+	sub, err := w.nc.SubscribeSync(inbox)
+	if err != nil {
+		return fmt.Errorf("handler %s: subscribe to replies: %w", subj, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
 	msg := nats.NewMsg(subj)
+	msg.Reply = inbox
 	msg.Data = data
 	msg.Header.Set(nats.MsgIdHdr, t.ID)
-	resp, err := w.nc.RequestMsgWithContext(ctx, msg)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return permanentf("unknown task type %q: no built-in or registered handler, and no service answers on %s", t.Type, subj)
-	}
-	if err != nil {
+	msg.Header.Set(wire.HeaderHeartbeatWindow, w.cfg.HeartbeatWindow.String())
+	if err := w.nc.PublishMsg(msg); err != nil {
 		return fmt.Errorf("handler %s: %w", subj, err)
+	}
+	progress := newTail(w.cfg.OutputTail)
+	lines := t.tee(wire.OutputHandler, progress)
+	beating := false
+	var resp *nats.Msg
+	for resp == nil {
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if beating {
+			wctx, cancel = context.WithTimeoutCause(ctx, w.cfg.HeartbeatWindow, ErrHandlerSilent)
+		}
+		m, err := sub.NextMsgWithContext(wctx)
+		silent := errors.Is(context.Cause(wctx), ErrHandlerSilent) && ctx.Err() == nil
+		cancel()
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			return RetryAfter(fmt.Errorf("%w on %s: no built-in or registered handler for type %q, and no service listening (is the handler running?)", ErrNoHandler, subj, t.Type), 0)
+		case err != nil && silent:
+			return fmt.Errorf("handler %s: %w for %v (did it stop?)", subj, ErrHandlerSilent, w.cfg.HeartbeatWindow)
+		case err != nil:
+			return fmt.Errorf("handler %s: %w", subj, err)
+		case m.Header[wire.HeaderProgress] != nil:
+			beating = true
+			if len(m.Data) > 0 {
+				_, _ = lines.Write(m.Data)
+				if m.Data[len(m.Data)-1] != '\n' {
+					_, _ = lines.Write([]byte{'\n'})
+				}
+			}
+		default:
+			resp = m
+		}
 	}
 	if raw := resp.Header.Get(wire.HeaderCheckpoint); raw != "" {
 		var cp wire.Checkpoint
@@ -169,8 +239,11 @@ func (w *Workers) runRemote(ctx context.Context, t *Task) error {
 			return err
 		}
 	}
-	if len(resp.Data) > 0 {
+	switch {
+	case len(resp.Data) > 0:
 		t.SetOutput(tailString(string(resp.Data), w.cfg.OutputTail))
+	case beating:
+		t.SetOutput(progress.String())
 	}
 	msgErr := resp.Header.Get(wire.HeaderError)
 	if msgErr == "" {

@@ -8,12 +8,15 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/internal/proctree"
+	"github.com/gantry-dev/gantry/sqltask"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -56,11 +59,39 @@ type Config struct {
 	// OutputTail bounds the output (stdout, stderr, response body) kept per
 	// attempt. Defaults to 4 KiB.
 	OutputTail int
+	// OutputRate bounds the lines of one attempt published live on
+	// gantry.output.<task id>, per second, in bursts of twice as many;
+	// lines over it are dropped (the next line counts them), so a chatty
+	// task is never slowed. Defaults to 100.
+	OutputRate int
+	// OutputLineMax bounds a live output line in bytes; a longer one is
+	// cut. Defaults to 1 KiB.
+	OutputLineMax int
+	// HeartbeatWindow is how long a remote handler that has sent a
+	// progress message (wire.HeaderProgress) may then stay silent before
+	// its attempt fails as lost (a retry): a handler that dies mid-request
+	// is noticed within it. It is sent to the handler in the request's
+	// wire.HeaderHeartbeatWindow. A handler that sends no progress is
+	// waited for until the task's timeout. Defaults to 5 s.
+	HeartbeatWindow time.Duration
 	// KillGrace is how long an exec'd process tree has between SIGTERM and
 	// SIGKILL on timeout or cancel, and how long the output of a process
 	// that escaped the tree is read after the task's process exits.
 	// Defaults to 2 s, so that a stopping process ends within its 10 s.
 	KillGrace time.Duration
+	// CheckpointDir is where exec tasks' checkpoint files
+	// (GANTRY_CHECKPOINT_FILE) are written: in a directory of each Workers'
+	// own, removed when Run returns. Run first removes the directories of
+	// worker processes that are gone (killed with SIGKILL), with what
+	// they left. Defaults to gantry-checkpoints in the system's temporary
+	// directory; cmd/gantry uses <data>/checkpoints.
+	CheckpointDir string
+	// ProcessTrees is how exec tasks' process trees are contained: see
+	// proctree.Containment. Defaults to the strongest containment the
+	// machine allows; a Subreaper needs a Shim (cmd/gantry names its own
+	// executable), and without one Linux falls back from a cgroup to the
+	// process group.
+	ProcessTrees proctree.Config
 	// DrainTimeout is how long running tasks may take to finish after Stop
 	// before they are interrupted (exec trees get SIGTERM, then SIGKILL
 	// after KillGrace) and handed back to the broker. Defaults to 5 s.
@@ -71,13 +102,21 @@ type Config struct {
 	// LeaseTTL is the TTL of the lease on a task's resource, renewed every
 	// LeaseTTL/3 while the task runs. Defaults to 30 s.
 	LeaseTTL time.Duration
-	// BusyDelay is the shortest wait before retrying a task whose resource
-	// is busy; the holder's lease expiry, up to the policy's Delay, is the
-	// hint. Defaults to 1 s.
+	// BusyDelay is the delay before a task is tried again when its
+	// resource could neither be leased nor waited for (the broker did not
+	// answer). A busy, DISABLED or FAULT resource is waited for in its line
+	// instead, holding the delivery. Defaults to 1 s.
 	BusyDelay time.Duration
 	// HTTPClient sends http tasks without a route. Defaults to a client
 	// with Go's default transport.
 	HTTPClient *http.Client
+	// Databases are what sql tasks connect to: one pool each, bounded by
+	// its MaxOpen, opened on first use and closed when Run returns. A sql
+	// task naming another database fails permanently.
+	Databases []sqltask.Database
+	// Sorter are the timings of the sorters of prioritized queues. Each
+	// defaults as SorterTimings says.
+	Sorter SorterTimings
 	// Clock tells the time of backoff and not_before decisions. Defaults to
 	// the real clock.
 	Clock clock.Clock
@@ -133,8 +172,13 @@ type Policy struct {
 	BackoffBase time.Duration
 	BackoffMax  time.Duration
 	// Delay is the wait of a delayed retry that carries no hint (an exec
-	// delay exit code, a busy resource). Defaults to 30 s.
+	// delay exit code). Defaults to 30 s.
 	Delay time.Duration
+	// NoHandlerDelay is the wait of a delayed retry when no handler
+	// answers on gantry.handlers.<type> (a handler restarting). Like every
+	// delay it does not use up an attempt; Config.MaxDelays bounds it.
+	// Defaults to 5 s.
+	NoHandlerDelay time.Duration
 	// Timeout bounds one attempt. Defaults to 10 min.
 	Timeout time.Duration
 	// MaxRuntime is the hard maximum of one attempt, whatever the task
@@ -156,23 +200,25 @@ type RoutePicker interface {
 
 func (p Policy) or(q Policy) Policy {
 	return Policy{
-		MaxAttempts: cmp.Or(p.MaxAttempts, q.MaxAttempts),
-		BackoffBase: cmp.Or(p.BackoffBase, q.BackoffBase),
-		BackoffMax:  cmp.Or(p.BackoffMax, q.BackoffMax),
-		Delay:       cmp.Or(p.Delay, q.Delay),
-		Timeout:     cmp.Or(p.Timeout, q.Timeout),
-		MaxRuntime:  cmp.Or(p.MaxRuntime, q.MaxRuntime),
+		MaxAttempts:    cmp.Or(p.MaxAttempts, q.MaxAttempts),
+		BackoffBase:    cmp.Or(p.BackoffBase, q.BackoffBase),
+		BackoffMax:     cmp.Or(p.BackoffMax, q.BackoffMax),
+		Delay:          cmp.Or(p.Delay, q.Delay),
+		NoHandlerDelay: cmp.Or(p.NoHandlerDelay, q.NoHandlerDelay),
+		Timeout:        cmp.Or(p.Timeout, q.Timeout),
+		MaxRuntime:     cmp.Or(p.MaxRuntime, q.MaxRuntime),
 	}
 }
 
 // defaultPolicy holds the documented defaults.
 var defaultPolicy = Policy{
-	MaxAttempts: 5,
-	BackoffBase: time.Second,
-	BackoffMax:  5 * time.Minute,
-	Delay:       30 * time.Second,
-	Timeout:     10 * time.Minute,
-	MaxRuntime:  24 * time.Hour,
+	MaxAttempts:    5,
+	BackoffBase:    time.Second,
+	BackoffMax:     5 * time.Minute,
+	Delay:          30 * time.Second,
+	NoHandlerDelay: 5 * time.Second,
+	Timeout:        10 * time.Minute,
+	MaxRuntime:     24 * time.Hour,
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -192,8 +238,16 @@ func (c Config) withDefaults() (Config, error) {
 	c.TaskRetention = cmp.Or(c.TaskRetention, tasks.DefaultRetention)
 	c.StateDelay = cmp.Or(c.StateDelay, 250*time.Millisecond)
 	c.OutputTail = cmp.Or(c.OutputTail, 4096)
+	c.OutputRate = cmp.Or(c.OutputRate, 100)
+	c.OutputLineMax = cmp.Or(c.OutputLineMax, 1024)
+	c.HeartbeatWindow = cmp.Or(c.HeartbeatWindow, 5*time.Second)
 	c.KillGrace = cmp.Or(c.KillGrace, 2*time.Second)
+	c.CheckpointDir = cmp.Or(c.CheckpointDir, filepath.Join(os.TempDir(), "gantry-checkpoints"))
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, 5*time.Second)
+	c.Sorter = c.Sorter.withDefaults()
+	if c.Sorter.PullExpiry < time.Second || c.Sorter.PullExpiry >= c.Sorter.PinnedTTL {
+		return c, fmt.Errorf("workers: sorter pull expiry %v must be at least 1s and shorter than its pinned TTL %v", c.Sorter.PullExpiry, c.Sorter.PinnedTTL)
+	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = &http.Client{}
 	}
@@ -203,6 +257,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LeaseTTL < time.Second {
 		return c, fmt.Errorf("lease ttl %v: want at least 1s", c.LeaseTTL)
+	}
+	if c.OutputRate < 1 || c.OutputLineMax < 1 || c.HeartbeatWindow < 0 {
+		return c, fmt.Errorf("output rate %d, output line max %d, heartbeat window %v: want positive values", c.OutputRate, c.OutputLineMax, c.HeartbeatWindow)
 	}
 	if c.KeyTTL < time.Second {
 		return c, fmt.Errorf("key ttl %v: want at least 1s", c.KeyTTL)

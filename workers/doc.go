@@ -1,8 +1,9 @@
 // Package workers runs tasks: durable pull consumers on the GANTRY_TASKS
 // stream, one per queue (or per queue and type where a type has its own
 // concurrency limit), each task run by a handler — built in (noop, exec,
-// http), registered in-process in Go, or answered over NATS request-reply
-// on gantry.handlers.<type> by a handler written in any language.
+// http, sql), registered in-process in Go, or answered over NATS
+// request-reply on gantry.handlers.<type> by a handler written in any
+// language.
 //
 // The broker is the source of truth: AckWait is the ack deadline, the
 // consumer's BackOff spaces redeliveries after a worker dies, MaxAckPending

@@ -47,14 +47,17 @@ func (w *Workers) runExec(ctx context.Context, t *Task) error {
 	cmd.Env = env
 	cmd.Stdin = strings.NewReader(p.Stdin)
 	stdout, stderr := newTail(w.cfg.OutputTail), newTail(w.cfg.OutputTail)
-	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.Stdout, cmd.Stderr = t.tee(wire.OutputStdout, stdout), t.tee(wire.OutputStderr, stderr)
 	cmd.WaitDelay = w.cfg.KillGrace
-	tree, err := proctree.Start(cmd)
+	tree, err := w.trees.Start(cmd)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("exec %s: stopped before it started: %w", p.Cmd[0], context.Cause(ctx))
+	case errors.Is(err, proctree.ErrNotFound), errors.Is(err, proctree.ErrNotExecutable), errors.Is(err, proctree.ErrBadDir):
+		// The command cannot start as given: retrying changes nothing.
+		return Permanent(fmt.Errorf("exec: %w", err))
 	case err != nil:
-		return permanentf("exec %s: %v", p.Cmd[0], err)
+		return fmt.Errorf("exec %s: start: %w", p.Cmd[0], err)
 	}
 	// Wait kills what the process left running: nothing of the task's tree
 	// outlives the task.
@@ -95,7 +98,7 @@ func (w *Workers) checkpointFile(ctx context.Context, t *Task) (string, []byte, 
 	if err != nil {
 		return "", nil, err
 	}
-	f, err := os.CreateTemp("", "gantry-checkpoint-*.json")
+	f, err := os.CreateTemp(w.cpDir, "checkpoint-*.json")
 	if err != nil {
 		return "", nil, fmt.Errorf("checkpoint file: %w", err)
 	}

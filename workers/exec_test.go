@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/check"
 )
 
 // alive reports whether pid is a live process (not gone, not a zombie).
@@ -32,36 +33,49 @@ func alive(pid int) bool {
 // readPids reads the pids a test script wrote, one a line.
 func readPids(t *testing.T, path string, n int) []int {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	var pids []int
+	check.For(t, 10*time.Second, 20*time.Millisecond, func() error {
 		data, _ := os.ReadFile(path)
-		var pids []int
+		pids = pids[:0]
 		for _, f := range strings.Fields(string(data)) {
 			if p, err := strconv.Atoi(f); err == nil {
 				pids = append(pids, p)
 			}
 		}
-		if len(pids) >= n {
-			return pids
+		if len(pids) < n {
+			return fmt.Errorf("%s holds %d pids, want %d", path, len(pids), n)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s: want %d pids within 10s", path, n)
-	return nil
+		return nil
+	})
+	// Whatever the test finds, it leaves no process behind.
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			if alive(pid) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	return pids
 }
 
+// waitDead waits until every pid is gone, and kills those that are not.
 func waitDead(t *testing.T, pids []int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for _, pid := range pids {
-		for alive(pid) && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			if alive(pid) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
 		}
-		if alive(pid) {
-			t.Errorf("process %d is alive, want the whole tree killed", pid)
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+	})
+	check.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+		for _, pid := range pids {
+			if alive(pid) {
+				return fmt.Errorf("process %d is alive, want the whole tree killed", pid)
+			}
 		}
-	}
+		return nil
+	})
 }
 
 // treeScript starts two background sleeps, writes the pids of the shell and
@@ -165,4 +179,80 @@ func TestExecBackgroundChildDoesNotHoldTask(t *testing.T) {
 		t.Errorf("output = %q, want %q", rec.Output, "done\n")
 	}
 	waitDead(t, readPids(t, pidFile, 1))
+}
+
+func TestExecCannotStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t, Config{Policy: fastPolicy}, nil)
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "plain.sh")
+	if err := os.WriteFile(plain, []byte("#!/bin/sh\nexit 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Each is a permanent failure: NEEDS_REVIEW on attempt 1, saying why.
+	for _, tc := range []struct {
+		id      string
+		payload wire.ExecPayload
+		want    string
+	}{
+		{"missing-path", wire.ExecPayload{Cmd: []string{"./missing.sh"}, Dir: dir}, "exec: ./missing.sh: not found"},
+		{"missing-in-path", wire.ExecPayload{Cmd: []string{"gantry-no-such-program"}}, "gantry-no-such-program: not found in $PATH"},
+		{"not-executable", wire.ExecPayload{Cmd: []string{plain}}, "plain.sh: not executable"},
+		{"bad-dir", wire.ExecPayload{Cmd: []string{"true"}, Dir: filepath.Join(dir, "nowhere")}, "exec: dir " + filepath.Join(dir, "nowhere") + ": no such directory"},
+	} {
+		b.publish(t, wire.TaskSubject("", "exec"), execTask(tc.id, tc.payload, ""))
+		rec := b.waitState(t, tc.id, wire.TaskNeedsReview, 10*time.Second)
+		if rec.Attempts != 1 || !strings.Contains(rec.LastError, tc.want) {
+			t.Errorf("%s: record = attempts %d, last error %q; want 1 and %q", tc.id, rec.Attempts, rec.LastError, tc.want)
+		}
+	}
+}
+
+func TestExecCheckpointDir(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dir := t.TempDir()
+	// A worker process killed with SIGKILL left its files (no process has
+	// pid 999999999); a live one's are kept.
+	gone, live := filepath.Join(dir, "999999999-x"), filepath.Join(dir, strconv.Itoa(os.Getpid())+"-other")
+	for _, d := range []string{gone, live} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "checkpoint-1.json"), []byte("{}"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Registered before the workers start, so it runs after they stop.
+	t.Cleanup(func() {
+		entries, _ := os.ReadDir(dir)
+		if len(entries) != 1 || entries[0].Name() != filepath.Base(live) {
+			t.Errorf("checkpoint dir after Run = %v, want only the live worker's %s", entries, filepath.Base(live))
+		}
+	})
+	// A relative dir: the task, run elsewhere, still finds its file.
+	cwd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(cwd, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.start(t, Config{Policy: fastPolicy, CheckpointDir: rel}, nil)
+	if _, err := os.Stat(gone); !os.IsNotExist(err) {
+		t.Errorf("stat the dead worker's dir = %v, want it removed at start", err)
+	}
+	b.publish(t, wire.TaskSubject("", "exec"), execTask("cp-dir", wire.ExecPayload{
+		Cmd: []string{"sh", "-c", `test -f "$GANTRY_CHECKPOINT_FILE" && echo "$GANTRY_CHECKPOINT_FILE"`}, Dir: "/",
+	}, ""))
+	rec := b.waitState(t, "cp-dir", wire.TaskSucceeded, 10*time.Second)
+	path := strings.TrimSpace(rec.Output)
+	if rel, err := filepath.Rel(dir, path); err != nil || strings.HasPrefix(rel, "..") || !strings.HasPrefix(rel, strconv.Itoa(os.Getpid())+"-") {
+		t.Errorf("GANTRY_CHECKPOINT_FILE = %q, want a file in this worker's directory under %s", path, dir)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("stat the checkpoint file after the task = %v, want it removed", err)
+	}
 }

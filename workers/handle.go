@@ -1,8 +1,10 @@
 package workers
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -16,6 +18,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/asyncpub"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/lease"
@@ -71,10 +74,21 @@ type (
 		Worker  string `json:"worker"`
 	}
 	finishedPayload struct {
-		Attempts int            `json:"attempts"`
-		State    wire.TaskState `json:"state"`
+		Attempts int             `json:"attempts"`
+		Result   json.RawMessage `json:"result,omitempty"`
+		Run      int             `json:"run"`
+		State    wire.TaskState  `json:"state"`
 	}
 )
+
+// runOf is the run a task message's headers number, as the record keeps
+// it: 0 (omitted) for the first.
+func runOf(h nats.Header) int {
+	if n := wire.TaskRun(h); n > 1 {
+		return n
+	}
+	return 0
+}
 
 // interruptedDelay is when a task interrupted by a stopping worker is
 // delivered again.
@@ -89,6 +103,11 @@ type delivery struct {
 	task wire.Task
 	pol  Policy
 	rec  wire.TaskRecord
+	// arrived and intakeSeq are when and where the task entered the
+	// stream (the broker's time and sequence): its place in a resource's
+	// line.
+	arrived   time.Time
+	intakeSeq uint64
 
 	// replayed marks a delivery a consumer made again after forgetting it
 	// (see spec.replayed): its delivery count may say 1.
@@ -124,14 +143,22 @@ func (d *delivery) run(ctx context.Context) {
 		queue, typ = d.sp.queue.Name, "unknown"
 	}
 	task, decErr := DecodeTask(m.Data(), w.cfg.MaxPayload)
+	if decErr != nil {
+		// A rejected task keeps the id its publisher gave it, so that it
+		// can be found by it.
+		task.ID = publishedID(m.Data())
+	}
 	d.task = task
 	msgID, created, intakeSeq, sorted := origin(m.Subject(), m.Headers(), meta.Timestamp, meta.Sequence.Stream)
 	id := taskID(task, msgID, created, intakeSeq)
+	d.arrived, d.intakeSeq = created, intakeSeq
 	d.rec = wire.TaskRecord{
 		TaskInfo: wire.TaskInfo{ID: id, Type: typ, Queue: queue, State: wire.TaskWaiting,
 			Resource: task.Resource, CreatedAt: created, UpdatedAt: now},
 		Deliveries: int(meta.NumDelivered), MaxAttempts: task.MaxAttempts, Priority: task.Priority,
 		Key: task.Key, NotBefore: task.NotBefore, Seq: meta.Sequence.Stream, Worker: w.cfg.Name,
+		Job: jobOf(m.Headers()),
+		Run: runOf(m.Headers()),
 	}
 	if decErr == nil && err != nil {
 		decErr = fmt.Errorf("%w: %v", ErrBadTask, err)
@@ -172,11 +199,12 @@ func (d *delivery) run(ctx context.Context) {
 			return err
 		})
 		switch {
-		case prev.ID == "":
 		case err != nil:
 			w.log.Warn("read task state", "task_id", id, "err", err)
 			d.nak(time.Second)
 			return
+		case prev.ID == "":
+			d.lostAttempts(wire.TaskRecord{})
 		case prev.Seq == 0 || prev.Seq == meta.Sequence.Stream || (sorted && prev.Seq == intakeSeq):
 			d.rec.CreatedAt = prev.CreatedAt
 			d.rec.Delays = prev.Delays
@@ -189,10 +217,13 @@ func (d *delivery) run(ctx context.Context) {
 				d.term("already in NEEDS_REVIEW")
 				return
 			case wire.TaskCancelled:
+				job := d.rec.Job
 				d.rec = prev
+				d.rec.Job = cmp.Or(prev.Job, job)
 				d.finishCancelled(ctx)
 				return
 			}
+			d.lostAttempts(prev)
 		}
 	}
 
@@ -209,7 +240,7 @@ func (d *delivery) run(ctx context.Context) {
 			return
 		}
 		if owner != id {
-			w.emitAsync(wire.Event{Type: wire.EventTaskRejected, Level: wire.LevelInfo, TaskID: id,
+			d.emit(wire.Event{Type: wire.EventTaskRejected, Level: wire.LevelInfo,
 				Message: fmt.Sprintf("duplicate: key %q belongs to task %s", task.Key, owner),
 				Payload: audit.Payload(map[string]any{"key": task.Key, "duplicate_of": owner})})
 			d.term("duplicate key")
@@ -237,7 +268,7 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	id := d.rec.ID
 	first := attempt == 1 && d.meta.NumDelivered == 1
 	if first && m.Headers().Get(wire.HeaderCreated) == "" {
-		w.emitAsync(wire.Event{Type: wire.EventTaskCreated, TaskID: id, ResourceID: d.rec.Resource,
+		d.emit(wire.Event{Type: wire.EventTaskCreated,
 			Message: "task received", Payload: audit.Payload(createdPayload{Queue: d.rec.Queue, Seq: d.rec.Seq, Type: d.rec.Type})})
 	}
 	tctx, cancel := context.WithCancelCause(ctx)
@@ -246,16 +277,22 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	defer untrack()
 
 	var holder *lease.ResourceHolder
+	stateDelay := w.cfg.StateDelay
 	if d.rec.Resource != "" {
-		var ok bool
-		if holder, ok = d.lease(ctx); !ok {
+		var waited, ok bool
+		if holder, waited, ok = d.lease(ctx, tctx, cancel); !ok {
 			return
 		}
 		stop := context.AfterFunc(holder.Context(), func() { cancel(ErrLost) })
 		defer stop()
+		if waited {
+			// The WAITING record counted this delivery as a delay: the
+			// RUNNING write takes that back at once.
+			stateDelay = 0
+		}
 	}
 
-	w.emitAsync(wire.Event{Type: wire.EventTaskStarted, TaskID: id, ResourceID: d.rec.Resource,
+	d.emit(wire.Event{Type: wire.EventTaskStarted,
 		Message: "task started", Payload: audit.Payload(startedPayload{Attempt: attempt, Type: d.rec.Type, Worker: w.cfg.Name})})
 
 	start := time.Now()
@@ -264,7 +301,7 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	defer cancelTimeout()
 
 	// RUNNING is written only if the task outlives StateDelay.
-	runningTimer := time.AfterFunc(w.cfg.StateDelay, func() {
+	runningTimer := time.AfterFunc(stateDelay, func() {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		if d.final {
@@ -275,12 +312,11 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 		rec.UpdatedAt = w.cfg.Clock.Now()
 		rec.RetryAt = nil
 		m, err := w.tasks.PutMsg(rec)
-		if err == nil {
-			err = w.pipe.publish(m, "", nil)
-		}
 		if err != nil {
 			w.log.Warn("write task state", "task_id", rec.ID, "state", rec.State, "err", err)
+			return
 		}
+		w.pub.Publish(m, "")
 	})
 	defer runningTimer.Stop()
 
@@ -293,9 +329,13 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	})
 	defer hb.stop()
 
+	live := w.newLiveOutput(id, attempt, d.task.Payload)
+	untrackOutput := w.trackOutput(id, live)
+	defer untrackOutput()
 	t := &Task{ID: id, Type: d.rec.Type, Queue: d.rec.Queue, Attempt: attempt, Payload: d.task.Payload,
-		Resource: d.rec.Resource, Deadline: deadline, cps: w.cps}
+		Resource: d.rec.Resource, Deadline: deadline, cps: w.cps, live: live}
 	err := d.call(tctx, t)
+	live.close()
 	// The attempt has ended: no RUNNING write from now on, and the one
 	// under way (it reads d.rec) is over before d.rec changes.
 	d.mu.Lock()
@@ -313,7 +353,7 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 			}
 		}
 	}
-	d.rec.Output = t.Output()
+	d.rec.Output = redactOutput(t.Output(), d.task.Payload)
 	w.log.Debug("attempt ended", "task_id", id, "attempt", attempt, "duration", time.Since(start), "err", err)
 	if holder != nil {
 		if ferr := holder.Finish(context.WithoutCancel(ctx), lease.OutcomeOf(err)); ferr != nil {
@@ -323,36 +363,115 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	d.settle(context.WithoutCancel(ctx), t, err)
 }
 
-// lease takes the task's resource and moves it to RUNNING. If it cannot,
-// it settles the delivery (a delayed retry) and returns false.
-func (d *delivery) lease(ctx context.Context) (*lease.ResourceHolder, bool) {
+// lease takes the task's resource and moves it to RUNNING. While another
+// owner holds the resource, or it is DISABLED or FAULT, the task waits in
+// the resource's line (lease.Resources.LeaseWait): its delivery is kept
+// with heartbeats, so the wait uses up no attempt, and it starts the moment
+// its turn comes. tctx ends the wait (a cancel, an interrupt); cancel is
+// its cancel function, with which a stopping worker hands a waiting task
+// back at once. If the task cannot start, lease settles the delivery and
+// returns false; waited reports whether the task waited in line.
+func (d *delivery) lease(ctx, tctx context.Context, cancel context.CancelCauseFunc) (h *lease.ResourceHolder, waited, ok bool) {
 	w := d.w
 	owner := w.cfg.Name + "/" + d.rec.ID
-	h, err := w.resources.Lease(ctx, d.rec.Resource, owner, w.cfg.LeaseTTL)
+	place := lease.Place{Arrived: d.arrived, Seq: d.intakeSeq, TaskID: d.rec.ID, Job: d.rec.Job}
+	if d.sp.queue.Prioritized {
+		place.Priority = d.task.Priority
+	}
+	stopping := context.AfterFunc(w.stopping, func() { cancel(errInterrupted) })
+	since := time.Now()
+	hb := newHeartbeat(max(d.sp.queue.AckWait/3, 10*time.Millisecond), func() {
+		if err := d.msg.InProgress(); err != nil {
+			w.log.Debug("heartbeat", "task_id", d.rec.ID, "err", err)
+		}
+	})
+	h, err := w.resources.LeaseWait(tctx, d.rec.Resource, owner, w.cfg.LeaseTTL, lease.WaitOptions{
+		Place: place,
+		OnChange: func(s lease.WaitStatus) {
+			if !waited {
+				waited = true
+				d.writeWaiting(s)
+			}
+		},
+	})
+	hb.stop()
+	stopping()
+	if err == nil && time.Since(since) >= d.sp.queue.AckWait && d.endedMeanwhile(ctx) {
+		_ = h.Finish(context.WithoutCancel(ctx), lease.Outcome{})
+		return nil, waited, false
+	}
 	if err == nil {
 		if err = h.Start(ctx); err != nil {
 			_ = h.Finish(context.WithoutCancel(ctx), lease.Outcome{})
 		}
 	}
 	if err == nil {
-		return h, true
+		return h, waited, true
 	}
-	wait := w.cfg.BusyDelay
-	var ce *lease.ConflictError
-	switch {
-	case errors.As(err, &ce):
-		wait = max(wait, min(ce.ExpiresAt.Sub(w.cfg.Clock.Now()), d.pol.Delay))
-	case errors.Is(err, lease.ErrUnavailable):
-		wait = d.pol.Delay
-	case errors.Is(err, kv.ErrInvalid):
-		d.needsReview(ctx, Permanent(fmt.Errorf("resource %s: %w", d.rec.Resource, err)))
-		return nil, false
-	}
-	wait = time.Duration(float64(wait) * (1 + 0.2*jitter()))
 	// The task did not run: this delivery is not an attempt.
 	d.rec.Attempts--
-	d.delay(ctx, wait, wire.TaskWaiting, fmt.Errorf("resource %s: %w", d.rec.Resource, err))
-	return nil, false
+	cause := context.Cause(tctx)
+	ctx = context.WithoutCancel(ctx)
+	switch {
+	case tctx.Err() != nil && errors.Is(cause, ErrCancelled):
+		d.finishCancelled(ctx)
+	case tctx.Err() != nil:
+		d.delay(ctx, interruptedDelay, wire.TaskWaiting, fmt.Errorf("%w while waiting for resource %s", errInterrupted, d.rec.Resource))
+	case errors.Is(err, kv.ErrInvalid):
+		d.needsReview(ctx, Permanent(fmt.Errorf("resource %s: %w", d.rec.Resource, err)))
+	default:
+		wait := time.Duration(float64(w.cfg.BusyDelay) * (1 + 0.2*jitter()))
+		d.delay(ctx, wait, wire.TaskWaiting, fmt.Errorf("resource %s: %w", d.rec.Resource, err))
+	}
+	return nil, waited, false
+}
+
+// endedMeanwhile settles the delivery and reports true if the task's
+// record says it ended while this delivery waited: a wait as long as the
+// ack deadline may have been redelivered (heartbeats lost), and the other
+// delivery run.
+func (d *delivery) endedMeanwhile(ctx context.Context) bool {
+	prev, _, err := d.w.tasks.Get(ctx, d.rec.ID)
+	if err != nil || prev.Seq != d.rec.Seq {
+		return false
+	}
+	switch prev.State {
+	case wire.TaskSucceeded:
+		d.ack()
+	case wire.TaskNeedsReview, wire.TaskCancelled:
+		d.term("ended while this delivery waited for its resource")
+	default:
+		return false
+	}
+	d.w.log.Info("task ended while it waited for its resource", "task_id", d.rec.ID, "state", prev.State)
+	return true
+}
+
+// writeWaiting records that the task waits in line for its resource:
+// WAITING, with what holds it up. The record counts this delivery as a
+// delay, so that if the worker dies while the task waits, its redelivery
+// has used up no attempt; the RUNNING write when the task starts takes that
+// back.
+func (d *delivery) writeWaiting(s lease.WaitStatus) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.final {
+		return
+	}
+	rec := d.rec
+	rec.State = wire.TaskWaiting
+	rec.Attempts--
+	rec.Delays++
+	rec.RetryAt = nil
+	rec.LastError = fmt.Sprintf("waiting for resource %s: %v", rec.Resource, s)
+	rec.UpdatedAt = d.w.cfg.Clock.Now()
+	m, err := d.w.tasks.PutMsg(rec)
+	if err != nil {
+		d.w.log.Warn("write task state", "task_id", rec.ID, "state", rec.State, "err", err)
+		return
+	}
+	d.w.pub.Publish(m, "")
+	d.w.log.Debug("waiting for resource", "task_id", rec.ID, "resource_id", rec.Resource, "holder", s.Holder, "position", s.Position)
 }
 
 // call runs the handler, turning a panic into a retryable error.
@@ -388,6 +507,11 @@ func (d *delivery) settle(ctx context.Context, t *Task, err error) {
 		if hint <= 0 {
 			hint = d.pol.Delay
 		}
+		if errors.Is(err, ErrNoHandler) {
+			// No handler saw the task: this delivery is not an attempt.
+			hint = d.pol.NoHandlerDelay
+			d.rec.Attempts--
+		}
 		d.delay(ctx, hint, wire.TaskRetryWait, err)
 	default:
 		if d.rec.Attempts >= d.pol.MaxAttempts {
@@ -399,8 +523,11 @@ func (d *delivery) settle(ctx context.Context, t *Task, err error) {
 		d.rec.State = wire.TaskRetryWait
 		d.rec.RetryAt = &at
 		d.write(ctx)
-		d.w.emitAsync(wire.Event{Type: wire.EventRetryScheduled, Level: wire.LevelWarn, TaskID: d.rec.ID, ResourceID: d.rec.Resource,
-			Message: d.rec.LastError, Payload: audit.Payload(map[string]any{"attempt": d.rec.Attempts, "class": c.String(), "delay": wait.String(), "retry_at": at})})
+		p := map[string]any{"attempt": d.rec.Attempts, "class": c.String(), "delay": wait.String(), "retry_at": at}
+		if errors.Is(err, ErrHandlerSilent) {
+			p["reason"] = wire.ReasonHandlerSilent
+		}
+		d.emit(wire.Event{Type: wire.EventRetryScheduled, Level: wire.LevelWarn, Message: d.rec.LastError, Payload: audit.Payload(p)})
 		d.nak(wait)
 	}
 }
@@ -414,9 +541,10 @@ func (d *delivery) succeed(ctx context.Context, t *Task) {
 	d.rec.State = wire.TaskSucceeded
 	d.rec.LastError = ""
 	d.rec.RetryAt = nil
+	d.rec.Result = t.Result()
 	d.write(ctx)
-	d.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: d.rec.ID, ResourceID: d.rec.Resource, Message: "task succeeded",
-		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, State: wire.TaskSucceeded})})
+	d.emit(wire.Event{Type: wire.EventTaskFinished, Message: "task succeeded",
+		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Result: d.rec.Result, Run: max(d.rec.Run, 1), State: wire.TaskSucceeded})})
 	d.ack()
 }
 
@@ -433,9 +561,11 @@ func (d *delivery) delay(ctx context.Context, wait time.Duration, state wire.Tas
 	d.rec.LastError = reason.Error()
 	// The next delivery reads Delays: the write must land before the nak.
 	d.write(ctx)
-	d.w.emitAsync(wire.Event{Type: wire.EventRetryScheduled, TaskID: d.rec.ID, ResourceID: d.rec.Resource,
-		Message: reason.Error(), Payload: audit.Payload(map[string]any{"attempt": d.rec.Attempts, "class": ClassDelay.String(),
-			"delay": wait.String(), "retry_at": at, "delays": d.rec.Delays})})
+	p := map[string]any{"attempt": d.rec.Attempts, "class": ClassDelay.String(), "delay": wait.String(), "retry_at": at, "delays": d.rec.Delays}
+	if errors.Is(reason, ErrNoHandler) {
+		p["reason"] = wire.ReasonNoHandler
+	}
+	d.emit(wire.Event{Type: wire.EventRetryScheduled, Message: reason.Error(), Payload: audit.Payload(p)})
 	d.nak(wait)
 }
 
@@ -455,8 +585,8 @@ func (d *delivery) finishCancelled(ctx context.Context) {
 	d.rec.State = wire.TaskCancelled
 	d.rec.RetryAt = nil
 	d.write(ctx)
-	d.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: d.rec.ID, ResourceID: d.rec.Resource, Message: "task cancelled",
-		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, State: wire.TaskCancelled})})
+	d.emit(wire.Event{Type: wire.EventTaskFinished, Message: "task cancelled",
+		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Run: max(d.rec.Run, 1), State: wire.TaskCancelled})})
 	d.term("cancelled")
 }
 
@@ -464,7 +594,7 @@ func (d *delivery) finishCancelled(ctx context.Context) {
 // task to NEEDS_REVIEW with the reason, the message removed.
 func (d *delivery) reject(ctx context.Context, reason error) {
 	d.w.log.Warn("task rejected", "task_id", d.rec.ID, "subject", d.msg.Subject(), "err", reason)
-	d.w.emitAsync(wire.Event{Type: wire.EventTaskRejected, Level: wire.LevelWarn, TaskID: d.rec.ID, Message: reason.Error(),
+	d.emit(wire.Event{Type: wire.EventTaskRejected, Level: wire.LevelWarn, Message: reason.Error(),
 		Payload: audit.Payload(map[string]any{"subject": d.msg.Subject(), "seq": d.rec.Seq, "size": len(d.msg.Data())})})
 	d.rec.Attempts = 0
 	d.rec.LastError = "rejected: " + reason.Error()
@@ -473,6 +603,47 @@ func (d *delivery) reject(ctx context.Context, reason error) {
 	}
 	d.w.needsReviewRecord(ctx, d.rec)
 	d.term(reason.Error())
+}
+
+// emit publishes ev about the delivery's task, stamped with its id, its
+// resource and the job that fired it.
+func (d *delivery) emit(ev wire.Event) {
+	ev.TaskID, ev.ResourceID, ev.JobID = d.rec.ID, d.rec.Resource, d.rec.Job
+	d.w.emitAsync(ev)
+}
+
+// lostAttempts emits ATTEMPT_LOST when deliveries before this one ended
+// without an outcome (their worker stopped or died while the task ran),
+// as prev, the task's record, tells: every outcome is written with the
+// delivery count, a RUNNING record is not an outcome.
+func (d *delivery) lostAttempts(prev wire.TaskRecord) {
+	n := int(d.meta.NumDelivered)
+	recorded := prev.Deliveries
+	if prev.State == wire.TaskRunning {
+		recorded--
+	}
+	lost := n - 1 - recorded
+	if n <= 1 || lost <= 0 {
+		return
+	}
+	attempt := n - 1 - prev.Delays
+	p := map[string]any{"attempt": attempt, "lost": lost}
+	if prev.State != "" {
+		p["state"] = prev.State
+	}
+	if prev.State == wire.TaskRunning && prev.Worker != "" {
+		p["worker"] = prev.Worker
+	}
+	d.emit(wire.Event{Type: wire.EventAttemptLost, Level: wire.LevelWarn, Payload: audit.Payload(p),
+		Message: fmt.Sprintf("attempt %d ended without an outcome: its worker stopped or died while it ran", attempt)})
+}
+
+// jobOf is the job a task message says fired it, if any.
+func jobOf(h nats.Header) string {
+	if job := h.Get(wire.HeaderJob); wire.ValidJobName(job) {
+		return job
+	}
+	return ""
 }
 
 func (d *delivery) stored() *wire.StoredMessage {
@@ -500,28 +671,22 @@ func asPublished(subject string, h nats.Header, data []byte) *wire.StoredMessage
 
 // write stores the record and returns once the bucket has it.
 func (d *delivery) write(ctx context.Context) {
-	done := make(chan error, 1)
 	d.mu.Lock()
 	d.final = true
 	d.rec.UpdatedAt = d.w.cfg.Clock.Now()
 	m, err := d.w.tasks.PutMsg(d.rec)
+	var f *asyncpub.Future
 	if err == nil {
 		// Published under mu: after any RUNNING write, so stored after it.
-		err = d.w.pipe.publish(m, "", done)
+		f = d.w.pub.Async(m)
 	}
 	d.mu.Unlock()
 	if err == nil {
-		// The pipeline gives every publish an outcome within ackTimeout.
-		if err = <-done; err == nil {
-			return
-		}
+		// A failed put is made once more, waiting.
+		err = d.w.pub.Settle(ctx, f, "")
 	}
-	// The pipelined put failed: again, waiting, until the bucket has it.
-	if err2 := d.persist(ctx, func(ctx context.Context) error {
-		_, err := d.w.tasks.Put(ctx, d.rec)
-		return err
-	}); err2 != nil {
-		d.w.log.Error("write task state", "task_id", d.rec.ID, "state", d.rec.State, "err", errors.Join(err, err2))
+	if err != nil {
+		d.w.log.Error("write task state", "task_id", d.rec.ID, "state", d.rec.State, "err", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -13,11 +14,24 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/pgtest"
+	"github.com/gantry-dev/gantry/internal/proctree"
 	"github.com/gantry-dev/gantry/internal/rpc"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// pg is the PostgreSQL server of the sql task tests, started by the first
+// that needs it.
+var pg pgtest.Shared
+
+func TestMain(m *testing.M) {
+	// The test binary is the shim of the exec tasks' Subreaper trees.
+	proctree.ShimMain()
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		pg.Stop()
+		os.Exit(code)
+	}))
+}
 
 // bundle is a broker, a client, and a way to watch tasks and events.
 type bundle struct {
@@ -62,6 +76,9 @@ func (b *bundle) start(t *testing.T, cfg Config, handlers map[string]Handler) (*
 	if cfg.Logger == nil {
 		cfg.Logger = b.env.Log.With("component", "workers")
 	}
+	if cfg.ProcessTrees.Shim == "" {
+		cfg.ProcessTrees.Shim = shim(t)
+	}
 	w, err := New(cfg, nc)
 	if err != nil {
 		t.Fatal(err)
@@ -90,6 +107,16 @@ func (b *bundle) start(t *testing.T, cfg Config, handlers map[string]Handler) (*
 		t.Fatal("workers not ready within 10s")
 	}
 	return w, nc
+}
+
+// shim is the test binary, the shim of Subreaper trees.
+func shim(t testing.TB) string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exe
 }
 
 // publish publishes a task body with plain core NATS, as `nats pub` does.

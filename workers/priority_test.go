@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 )
 
 // recorder is a handler that records the order tasks start in; a task
@@ -308,8 +310,17 @@ func TestPriorityKeepsPinWhileAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	// The sorters pull far more often than the broker's pinned TTL would
+	// unpin a silent one: they renew their pin.
+	timings := SorterTimings{PinnedTTL: 2 * time.Second, PullExpiry: time.Second}
+	var pulls atomic.Int64
+	pullSub, err := b.env.NC.Subscribe("$JS.API.CONSUMER.MSG.NEXT."+wire.StreamTasks+"."+sorterName("urgent"), func(*nats.Msg) { pulls.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pullSub.Unsubscribe() }()
 	rec := newRecorder("first")
-	cfg := Config{Queues: []Queue{{Name: "urgent", Concurrency: 1, Prioritized: true}}, Policy: fastPolicy}
+	cfg := Config{Queues: []Queue{{Name: "urgent", Concurrency: 1, Prioritized: true}}, Policy: fastPolicy, Sorter: timings}
 	b.start(t, cfg, map[string]Handler{"job": rec})
 	b.start(t, cfg, map[string]Handler{"job": rec})
 	subject := wire.TaskSubject("urgent", "job")
@@ -320,8 +331,17 @@ func TestPriorityKeepsPinWhileAlive(t *testing.T) {
 	b.publish(t, subject, `{"id":"high-1","priority":9}`)
 	b.publish(t, subject, `{"id":"high-2","priority":9}`)
 	b.waitHeld(t, "urgent", 2)
-	// Longer than sorterPinnedTTL with no task coming.
-	time.Sleep(sorterPinnedTTL + 2*time.Second)
+	// With no task coming, let the pins age past twice the pinned TTL: at
+	// two sorters each pulling every PullExpiry, that many pulls take at
+	// least that long.
+	from := pulls.Load()
+	enough := int64(2 * 2 * timings.PinnedTTL / timings.PullExpiry)
+	check.For(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if n := pulls.Load() - from; n < enough {
+			return fmt.Errorf("%d pull requests since the tasks were held, want %d", n, enough)
+		}
+		return nil
+	})
 	b.publish(t, subject, `{"id":"low-late"}`)
 	b.waitHeld(t, "urgent", 3)
 	close(rec.release)

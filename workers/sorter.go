@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"encoding/json"
@@ -34,9 +35,10 @@ import (
 // Every worker process of the queue runs a sorter on the same durable
 // consumer in a pinned priority group: the broker delivers to one of them
 // at a time, so one heap orders the whole queue. A pinned sorter pulls
-// every sorterPullExpiry to keep its pin; when its process stops it hands
+// every SorterTimings.PullExpiry to keep its pin; when its process stops it hands
 // its tasks back and unpins, and when the process dies another sorter is
-// pinned after sorterPinnedTTL and gets the held tasks after sorterAckWait.
+// pinned after SorterTimings.PinnedTTL and gets the held tasks after
+// SorterTimings.AckWait.
 //
 // A republish carries Nats-Msg-Id gantry:sorted:<sequence of the original>
 // (no task id has a ':'), so a sorter stopped between republishing and
@@ -44,23 +46,40 @@ import (
 // HeaderIntakeSeq and HeaderIntakeTime, so the task keeps its id, its
 // record and its created_at.
 const (
-	// sorterAckWait is the sorter consumer's ack deadline; held tasks are
-	// kept alive every third of it.
-	sorterAckWait = 30 * time.Second
-	// sorterPinnedTTL is how long the broker keeps a silent sorter pinned.
-	sorterPinnedTTL = 5 * time.Second
-	// sorterPullExpiry is how long a sorter's pull request lasts: the
-	// next one renews the pin well within sorterPinnedTTL.
-	sorterPullExpiry = 2 * time.Second
-	// sorterPoll is how often a sorter holding tasks asks the broker how
-	// many sorted tasks still wait; deliveries in its own process tell it
-	// sooner.
-	sorterPoll = 50 * time.Millisecond
 	// sorterWait bounds one wait of a sorter on the broker.
 	sorterWait = 5 * time.Second
 	// sorterGroup is the priority group of the sorter consumers.
 	sorterGroup = "sorter"
 )
+
+// SorterTimings are the real-time settings of the sorters of prioritized
+// queues. Every worker of a queue must use the same ones. The defaults fit
+// production; tests shorten them.
+type SorterTimings struct {
+	// AckWait is the sorter consumer's ack deadline: the held tasks of a
+	// sorter that died come back after it; a live sorter keeps them every
+	// third of it. Defaults to 30 s.
+	AckWait time.Duration
+	// PinnedTTL is how long the broker keeps a silent sorter pinned before
+	// another worker's sorter takes the queue over. Defaults to 5 s.
+	PinnedTTL time.Duration
+	// PullExpiry is how long a sorter's pull request lasts: the next one
+	// renews the pin, so it must be well within PinnedTTL, and at least 1 s
+	// (the broker's minimum). Defaults to 2 s.
+	PullExpiry time.Duration
+	// Poll is how often a sorter holding tasks asks the broker how many
+	// sorted tasks still wait (deliveries in its own process tell it
+	// sooner). Defaults to 50 ms.
+	Poll time.Duration
+}
+
+func (t SorterTimings) withDefaults() SorterTimings {
+	t.AckWait = cmp.Or(t.AckWait, 30*time.Second)
+	t.PinnedTTL = cmp.Or(t.PinnedTTL, 5*time.Second)
+	t.PullExpiry = cmp.Or(t.PullExpiry, 2*time.Second)
+	t.Poll = cmp.Or(t.Poll, 50*time.Millisecond)
+	return t
+}
 
 // sorter moves the tasks of one prioritized queue to its ready subjects,
 // highest priority first.
@@ -171,13 +190,13 @@ func (s *sorter) consumerConfig() jetstream.ConsumerConfig {
 		FilterSubject:  wire.SubjectTasksPrefix + "." + s.queue.Name + ".>",
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		AckWait:        sorterAckWait,
+		AckWait:        s.w.cfg.Sorter.AckWait,
 		MaxDeliver:     -1,
 		MaxAckPending:  s.queue.PriorityWindow,
 		MaxWaiting:     512,
 		PriorityGroups: []string{sorterGroup},
 		PriorityPolicy: jetstream.PriorityPolicyPinned,
-		PinnedTTL:      sorterPinnedTTL,
+		PinnedTTL:      s.w.cfg.Sorter.PinnedTTL,
 	}
 }
 
@@ -190,7 +209,7 @@ func (s *sorter) start(ctx context.Context) error {
 	s.cc, err = cons.Consume(s.receive,
 		jetstream.PullPriorityGroup(sorterGroup),
 		jetstream.PullMaxMessages(min(s.queue.PriorityWindow, 256)),
-		jetstream.PullExpiry(sorterPullExpiry),
+		jetstream.PullExpiry(s.w.cfg.Sorter.PullExpiry),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			switch {
 			case errors.Is(err, jetstream.ErrConsumerDeleted):
@@ -279,10 +298,10 @@ func (s *sorter) wake() {
 // heaps.
 func (s *sorter) run(ctx context.Context) {
 	defer close(s.done)
-	beat := time.NewTicker(sorterAckWait / 3)
+	beat := time.NewTicker(s.w.cfg.Sorter.AckWait / 3)
 	defer beat.Stop()
 	// poll runs while a lane holds tasks it cannot forward yet.
-	poll := time.NewTimer(sorterPoll)
+	poll := time.NewTimer(s.w.cfg.Sorter.Poll)
 	defer poll.Stop()
 	armed := true
 	s.refresh(ctx, true)
@@ -311,7 +330,7 @@ func (s *sorter) run(ctx context.Context) {
 		}
 		s.dropCancelled(ctx)
 		if s.forward(ctx) && !armed {
-			poll.Reset(sorterPoll)
+			poll.Reset(s.w.cfg.Sorter.Poll)
 			armed = true
 		}
 	}
@@ -502,8 +521,8 @@ func (s *sorter) dropCancelled(ctx context.Context) {
 					s.w.log.Warn("sorter: write cancelled task", "task_id", id, "err", err)
 				}
 				cancel()
-				s.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, Message: "task cancelled",
-					Payload: audit.Payload(finishedPayload{State: wire.TaskCancelled})})
+				s.w.emitAsync(wire.Event{Type: wire.EventTaskFinished, TaskID: id, ResourceID: rec.Resource, JobID: rec.Job, Message: "task cancelled",
+					Payload: audit.Payload(finishedPayload{Run: max(rec.Run, 1), State: wire.TaskCancelled})})
 				s.w.log.Info("sorter: dropped cancelled task", "task_id", id)
 				return true
 			}

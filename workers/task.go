@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"sync/atomic"
 	"time"
 
@@ -51,6 +52,9 @@ type Task struct {
 	cps     Checkpoints
 	touched atomic.Bool
 	output  atomic.Pointer[string]
+	result  atomic.Pointer[json.RawMessage]
+	// live publishes the attempt's output lines; nil outside a worker.
+	live *liveOutput
 }
 
 // Checkpoints keeps a task's checkpoint and its operation keys: a
@@ -151,9 +155,38 @@ func (t *Task) Once(ctx context.Context, op string, fn func(ctx context.Context)
 	return kv.Retry(rctx, storeTry, func(ctx context.Context) error { return t.cps.FinishOp(ctx, t.ID, op) })
 }
 
+// tee returns w, also publishing the lines written to it live as the
+// task's output of stream (wire.OutputStdout, …).
+func (t *Task) tee(stream string, w io.Writer) io.Writer { return t.live.tee(stream, w) }
+
 // SetOutput keeps s (its tail) as the output of this attempt, shown by
 // `gantry task get`.
 func (t *Task) SetOutput(s string) { t.output.Store(&s) }
+
+// MaxResult bounds the result a handler keeps with SetResult.
+const MaxResult = 128 << 10
+
+// SetResult keeps r, a JSON document, as the result of this attempt: if
+// the attempt succeeds it is on the task's record and in its TASK_FINISHED
+// event, and `gantry task get` shows it. A result that is not JSON, or is
+// larger than MaxResult, is replaced by an object whose "error" says so.
+func (t *Task) SetResult(r json.RawMessage) {
+	switch {
+	case !json.Valid(r):
+		r = json.RawMessage(`{"error":"the handler's result is not JSON"}`)
+	case len(r) > MaxResult:
+		r = fmt.Appendf(nil, `{"error":"the handler's result of %d bytes is over the limit of %d"}`, len(r), MaxResult)
+	}
+	t.result.Store(&r)
+}
+
+// Result returns what the attempt kept with SetResult, or nil.
+func (t *Task) Result() json.RawMessage {
+	if p := t.result.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
 
 // DecodeTask decodes a task message body. An empty body is a task with
 // every field unset; anything else must be a JSON object whose fields have
@@ -186,6 +219,22 @@ func DecodeTask(data []byte, maxSize int) (wire.Task, error) {
 		return wire.Task{}, fmt.Errorf("%w: %v", ErrBadTask, err)
 	}
 	return t, nil
+}
+
+// publishedID is the id in the body of a task message that DecodeTask
+// rejects for another reason ({"id":"r-1","timeout":5}), when it is a
+// valid id; "" otherwise.
+func publishedID(data []byte) string {
+	var v struct {
+		ID any `json:"id"`
+	}
+	if json.Unmarshal(bytes.TrimSpace(data), &v) != nil {
+		return ""
+	}
+	if id, ok := v.ID.(string); ok && wire.ValidTaskID(id) {
+		return id
+	}
+	return ""
 }
 
 func validateTask(t wire.Task) error {

@@ -153,3 +153,21 @@ func TestTail(t *testing.T) {
 		t.Errorf("tailString = %q, want …789", got)
 	}
 }
+
+func TestSetResult(t *testing.T) {
+	t.Parallel()
+	task := NewTask(TaskOptions{ID: "t"})
+	if got := task.Result(); got != nil {
+		t.Errorf("Result before SetResult = %s, want nil", got)
+	}
+	for _, tc := range []struct{ in, want string }{
+		{`{"rows_affected":1}`, `{"rows_affected":1}`},
+		{`{not json`, `{"error":"the handler's result is not JSON"}`},
+		{`"` + strings.Repeat("x", MaxResult) + `"`, fmt.Sprintf(`{"error":"the handler's result of %d bytes is over the limit of %d"}`, MaxResult+2, MaxResult)},
+	} {
+		task.SetResult(json.RawMessage(tc.in))
+		if got := string(task.Result()); got != tc.want {
+			t.Errorf("Result after SetResult(%.20s…) = %.80s, want %s", tc.in, got, tc.want)
+		}
+	}
+}

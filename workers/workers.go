@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,11 +17,13 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/asyncpub"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
+	"github.com/gantry-dev/gantry/internal/proctree"
 	"github.com/gantry-dev/gantry/internal/rpc"
-	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/lease"
+	"github.com/gantry-dev/gantry/sqltask"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -41,6 +44,12 @@ type Workers struct {
 	tasks     *tasks.Store
 	cps       *tasks.CheckpointStore
 	resources *lease.Resources
+	// sql holds the pools of the databases sql tasks use.
+	sql *sqltask.Databases
+	// trees starts exec tasks' processes; their checkpoint files are in
+	// cpDir, this Workers' own directory under Config.CheckpointDir.
+	trees *proctree.Starter
+	cpDir string
 
 	hmu      sync.RWMutex
 	handlers map[string]Handler
@@ -59,6 +68,9 @@ type Workers struct {
 	handling     map[string]struct{}
 	interrupting bool
 
+	// outputs holds the live output of each running attempt, by task id.
+	outputs sync.Map
+
 	// cmu guards closing and the Add side of inflight.
 	cmu      sync.Mutex
 	closing  bool
@@ -74,10 +86,15 @@ type Workers struct {
 	consumers []*spec
 	sorters   map[string]*sorter
 
-	// pipe publishes the hot path's audit events and task records.
-	pipe *pipeline
-	// quit is closed when Run returns: the pipeline flushes and stops,
-	// idle runners leave.
+	// stopping ends when the workers stop taking tasks: the tasks waiting
+	// in line for a resource are handed back at once.
+	stopping     context.Context
+	markStopping context.CancelFunc
+
+	// pub publishes the hot path's audit events and task records without
+	// waiting, and checks their acknowledgements.
+	pub *asyncpub.Publisher
+	// quit is closed when Run returns: idle runners leave.
 	quit chan struct{}
 }
 
@@ -196,9 +213,21 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 	if err != nil {
 		return nil, fmt.Errorf("workers: %w", err)
 	}
+	trees, err := proctree.New(cfg.ProcessTrees)
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
+	cpDir, err := checkpointDir(cfg.CheckpointDir)
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(16384))
 	if err != nil {
 		return nil, fmt.Errorf("workers: jetstream: %w", err)
+	}
+	dbs, err := sqltask.New(cfg.Databases)
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
 	}
 	w := &Workers{
 		cfg:      cfg,
@@ -206,12 +235,16 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		js:       js,
 		log:      cfg.Logger,
 		audit:    audit.NewEmitter(js, "workers", cfg.Clock),
+		sql:      dbs,
+		trees:    trees,
+		cpDir:    cpDir,
 		handlers: map[string]Handler{},
 		running:  map[string]context.CancelCauseFunc{},
 		handling: map[string]struct{}{},
 		idle:     make(chan job),
 		quit:     make(chan struct{}),
 	}
+	w.stopping, w.markStopping = context.WithCancel(context.Background())
 	w.consumers = w.specs()
 	w.sorters = map[string]*sorter{}
 	for i := range w.cfg.Queues {
@@ -219,10 +252,14 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 			w.sorters[q.Name] = newSorter(w, q, w.consumers)
 		}
 	}
-	w.pipe = newPipeline(nc, ackTimeout, maxPendingWrites, w.writeFailed)
+	if w.pub, err = asyncpub.New(nc, asyncpub.Config{MaxPending: maxPendingWrites, Timeout: ackTimeout, Logger: cfg.Logger}); err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
 	w.handlers["noop"] = HandlerFunc(w.runNoop)
 	w.handlers["exec"] = HandlerFunc(w.runExec)
 	w.handlers["http"] = HandlerFunc(w.runHTTP)
+	w.handlers["sql"] = HandlerFunc(w.runSQL)
+	w.handlers["backup"] = HandlerFunc(w.runBackup)
 	return w, nil
 }
 
@@ -325,6 +362,18 @@ func (w *Workers) Run(ctx context.Context) error {
 
 // run is Run's body.
 func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
+	// Last, once no task runs: the database pools.
+	defer func() {
+		if err := w.sql.Close(); err != nil {
+			w.log.Warn("close databases", "err", err)
+		}
+	}()
+	// Removed last, once every task has ended.
+	if err := w.makeCheckpointDir(); err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(w.cpDir) }()
+	w.log.Info("exec process trees", "containment", w.trees.Containment(), "checkpoint_dir", w.cpDir)
 	var err error
 	if w.tasks, err = tasks.NewStore(ctx, w.js, tasks.StoreConfig{Retention: w.cfg.TaskRetention}); err != nil {
 		return err
@@ -340,17 +389,8 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 		return fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
 	}
 
-	if err := w.pipe.start(); err != nil {
-		return err
-	}
-	checked := make(chan struct{})
-	go func() {
-		defer close(checked)
-		w.pipe.run(w.quit, flushTimeout)
-	}()
 	defer func() {
 		close(w.quit)
-		<-checked
 		// No task is running (stopTaking waited for them): the idle
 		// runners leave on quit.
 		w.runners.Wait()
@@ -358,8 +398,9 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 
 	// Every worker process hears every cancel request: only the one
 	// running (or holding) the task answers.
-	cancelSvc, err := rpc.AddService(w.nc, wire.WorkersServiceName, "gantry workers: cancel a running or held task",
-		rpc.Endpoint{Name: "cancel", Subject: wire.SubjectTaskCancel, Handler: w.cancelRunning, Everyone: true})
+	cancelSvc, err := rpc.AddService(w.nc, wire.WorkersServiceName, "gantry workers: cancel a running or held task, read a running task's output",
+		rpc.Endpoint{Name: "cancel", Subject: wire.SubjectTaskCancel, Handler: w.cancelRunning, Everyone: true},
+		rpc.Endpoint{Name: "output", Subject: wire.SubjectTaskOutput, Handler: w.taskOutput, Everyone: true})
 	if err != nil {
 		return err
 	}
@@ -378,6 +419,7 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 		w.cmu.Lock()
 		w.closing = true
 		w.cmu.Unlock()
+		w.markStopping()
 		for _, cc := range ccs {
 			cc.Stop()
 		}
@@ -642,8 +684,8 @@ func (w *Workers) track(id string, cancel context.CancelCauseFunc) func() {
 }
 
 // emitAsync stamps and publishes ev without waiting; the acknowledgement is
-// checked in the background and a failed publish is made again
-// synchronously.
+// checked later and a failed publish is made again synchronously, under
+// the event id as Nats-Msg-Id.
 //
 // The hot-path publish carries no Nats-Msg-Id: the stream's duplicate
 // tracking of one id per event cut the throughput of four writes per
@@ -652,73 +694,34 @@ func (w *Workers) track(id string, cancel context.CancelCauseFunc) func() {
 // lost acknowledgement is stored once; the republish does carry the id.
 func (w *Workers) emitAsync(ev wire.Event) {
 	w.audit.Stamp(&ev)
-	data, err := wire.EncodeEvent(&ev)
+	data, err := json.Marshal(&ev)
 	if err != nil {
 		w.log.Error("encode audit event", "type", ev.Type, "task_id", ev.TaskID, "err", err)
 		return
 	}
-	m := &nats.Msg{Subject: ev.Type.Subject(), Data: data}
-	if err := w.pipe.publish(m, ev.ID, nil); err != nil {
-		w.republish(withMsgID(m, ev.ID), err)
-	}
-}
-
-// writeFailed handles a pipelined write that failed: an audit event is
-// published again, a task record is reported.
-func (w *Workers) writeFailed(p *pub, err error) {
-	if p.eventID != "" {
-		w.republish(withMsgID(p.msg, p.eventID), err)
-		return
-	}
-	w.log.Warn("task state write failed", "subject", p.msg.Subject, "err", err)
-}
-
-// withMsgID is a copy of m with the Nats-Msg-Id id.
-func withMsgID(m *nats.Msg, id string) *nats.Msg {
-	c := nats.NewMsg(m.Subject)
-	c.Data = m.Data
-	c.Header.Set(jetstream.MsgIDHeader, id)
-	return c
-}
-
-// republish publishes an audit event whose asynchronous publish failed
-// again, synchronously; its Nats-Msg-Id (the event id) stores it once
-// however often it is retried.
-func (w *Workers) republish(m *nats.Msg, cause error) {
-	// Again while the audit stream fails over: the message carries its
-	// event id as Nats-Msg-Id, so it is stored once.
-	ctx, cancel := context.WithTimeout(context.Background(), persistFor)
-	defer cancel()
-	if err := kv.Retry(ctx, ackTimeout, func(ctx context.Context) error {
-		_, err := w.js.PublishMsg(ctx, m)
-		return err
-	}); err != nil {
-		w.log.Error("audit event lost", "subject", m.Subject, "err", errors.Join(cause, err))
-	}
+	w.pub.Publish(&nats.Msg{Subject: ev.Type.Subject(), Data: data}, ev.ID)
 }
 
 // ackTimeout bounds the wait for the acknowledgement of an asynchronous
 // publish (a closed connection never answers).
 const ackTimeout = 10 * time.Second
 
-// maxPendingWrites bounds the pipelined writes waiting for their
+// maxPendingWrites bounds the asynchronous writes waiting for their
 // acknowledgement; a write past it waits for room.
 const maxPendingWrites = 16384
 
 // flushTimeout bounds the wait for the pending writes when Run stops.
 const flushTimeout = 5 * time.Second
 
-// flush waits for the asynchronous publishes made through w.js (the
-// resources' events) to be acknowledged; the pipeline flushes its own.
+// flush waits for the asynchronous writes (the hot path's, the resources'
+// events) to be acknowledged.
 func (w *Workers) flush(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, flushTimeout)
 	defer cancel()
-	select {
-	case <-w.js.PublishAsyncComplete():
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("wait for pending writes: %w", ctx.Err())
+	if err := errors.Join(w.pub.Flush(ctx), w.resources.Flush(ctx)); err != nil {
+		return fmt.Errorf("wait for pending writes: %w", err)
 	}
+	return nil
 }
 
 // maxDeliveries handles the consumer advisory for a task delivered
@@ -745,14 +748,20 @@ func (w *Workers) maxDeliveries(ctx context.Context, stream jetstream.Stream, da
 	}
 	queue, typ, _ := wire.ParseTaskSubject(raw.Subject)
 	t, derr := DecodeTask(raw.Data, 0)
+	if derr != nil {
+		t.ID = publishedID(raw.Data)
+	}
 	msgID, created, intakeSeq, _ := origin(raw.Subject, raw.Header, raw.Time, adv.StreamSeq)
 	id := taskID(t, msgID, created, intakeSeq)
 	rec := wire.TaskRecord{TaskInfo: wire.TaskInfo{ID: id, Type: typ, Queue: queue, Resource: t.Resource, CreatedAt: created}}
 	if prev, _, err := w.tasks.Get(ctx, id); err == nil {
 		rec = prev
 	}
-	if derr == nil && t.ID != "" {
+	if t.ID != "" {
 		rec.ID = t.ID
+	}
+	if rec.Job == "" {
+		rec.Job = jobOf(raw.Header)
 	}
 	rec.Deliveries = adv.Deliveries
 	rec.Attempts = adv.Deliveries - rec.Delays
@@ -782,8 +791,8 @@ func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord) {
 	if _, err := w.tasks.Put(ctx, rec); err != nil {
 		w.log.Error("write task state", "task_id", rec.ID, "state", rec.State, "err", err)
 	}
-	w.emitAsync(wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource,
+	w.emitAsync(wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
 		Message: rec.LastError, Payload: audit.Payload(map[string]any{"attempts": rec.Attempts, "queue": rec.Queue, "type": rec.Type})})
-	w.emitAsync(wire.Event{Type: wire.EventTaskFinished, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource,
-		Message: "task needs review", Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, State: rec.State})})
+	w.emitAsync(wire.Event{Type: wire.EventTaskFinished, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
+		Message: "task needs review", Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, Run: max(rec.Run, 1), State: rec.State})})
 }

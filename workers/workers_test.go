@@ -154,7 +154,7 @@ func TestPermanentAndExhausted(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.start(t, Config{MaxPayload: 1024}, nil)
+	b.start(t, Config{MaxPayload: 1024, MaxDelays: 2, Policy: Policy{NoHandlerDelay: 50 * time.Millisecond}}, nil)
 	subj := wire.TaskSubject("", "noop")
 	for name, body := range map[string]string{
 		"bad-json":   `{"payload":`,
@@ -170,10 +170,12 @@ func TestBadInput(t *testing.T) {
 		}
 		b.waitEvents(t, name, wire.EventTaskRejected, 1, 5*time.Second)
 	}
+	// A type nobody serves waits for a handler, without using up attempts,
+	// until its delays run out.
 	b.publish(t, wire.TaskSubject("", "nobody-handles-this"), `{"id":"unknown-1"}`)
 	rec := b.waitState(t, "unknown-1", wire.TaskNeedsReview, 10*time.Second)
-	if !strings.Contains(rec.LastError, "unknown task type") || rec.Attempts != 1 {
-		t.Errorf("unknown type: record = attempts %d, %q, want 1 and unknown task type", rec.Attempts, rec.LastError)
+	if !strings.Contains(rec.LastError, "no handler answered") || rec.Attempts != 0 || rec.Delays != 2 {
+		t.Errorf("unknown type: record = attempts %d, delays %d, %q, want 0, 2 and no handler answered", rec.Attempts, rec.Delays, rec.LastError)
 	}
 	// The worker carries on.
 	b.publish(t, subj, `{"id":"after"}`)

@@ -81,6 +81,7 @@ var eventSubjects = map[EventType]string{
 	EventTaskFinished:   "task.finished",
 	EventTaskRejected:   "task.rejected",
 	EventTaskCancelled:  "task.cancelled",
+	EventAttemptLost:    "task.attempt_lost",
 
 	EventResourceLeased:       "resource.leased",
 	EventResourceReleased:     "resource.released",
@@ -88,6 +89,8 @@ var eventSubjects = map[EventType]string{
 	EventLeaseExpired:         "resource.lease_expired",
 	EventResourceStateChanged: "resource.state_changed",
 	EventResourceMoveRefused:  "resource.move_refused",
+	EventResourceWaiting:      "resource.waiting",
+	EventLeaseRevoked:         "resource.lease_revoked",
 
 	EventRouteCooldown:  "route.cooldown",
 	EventRouteRecovered: "route.recovered",

@@ -109,6 +109,11 @@ type RouteReport struct {
 // RouteProbeRequest asks healthd, on SubjectRouteProbe, to probe a route now.
 type RouteProbeRequest struct {
 	ID string `json:"id"`
+	// Apply records the probe's outcome like a scheduled probe's: a
+	// success ends a cooldown, a failure counts and may start or lengthen
+	// one. Without it the probe only reports, and the route's state and
+	// its probe schedule stay as they were.
+	Apply bool `json:"apply,omitempty"`
 }
 
 // RouteProbeReply is healthd's answer to a RouteProbeRequest: a probe ran.

@@ -173,6 +173,10 @@ type JobState struct {
 	Active []ActiveRun `json:"active,omitempty"`
 	// RecentFires are the fire times of the last hour, for MaxPerHour.
 	RecentFires []time.Time `json:"recent_fires,omitempty"`
+	// SkipUntil is the next planned time inside the job's windows when the
+	// planned times before it were skipped as outside them, all in one
+	// JOB_SKIPPED; a change of the job after LastPlanned voids it.
+	SkipUntil *time.Time `json:"skip_until,omitempty"`
 }
 
 // ActiveRun names a fired task whose end the scheduler waits for.

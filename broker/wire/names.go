@@ -30,12 +30,16 @@ const (
 	// BucketScheduler holds scheduler state: the leader lease and last fire
 	// times.
 	BucketScheduler = "gantry_scheduler"
+	// BucketWaiters holds the places in line of those waiting for a busy
+	// resource: one Waiter per key <resource>.<ticket>, with a per-key TTL
+	// that its waiter renews.
+	BucketWaiters = "gantry_waiters"
 )
 
 // Buckets lists every KV bucket the broker provisions, in a stable order.
 var Buckets = []string{
 	BucketLeases, BucketResources, BucketRoutes, BucketJobs,
-	BucketTasks, BucketCheckpoints, BucketScheduler,
+	BucketTasks, BucketCheckpoints, BucketScheduler, BucketWaiters,
 }
 
 // Subjects. Each has a wildcard form for subscribers and a function that

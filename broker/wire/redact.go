@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"encoding/json"
+	"regexp"
 	"strings"
 )
 
@@ -110,4 +111,43 @@ func mayHoldSecret(raw []byte) bool {
 func RedactEvent(ev *Event) *Event {
 	ev.Payload = RedactJSON(ev.Payload)
 	return ev
+}
+
+// secretPair matches a key that looks like a secret, assigned a value in
+// text: key=value, key: value, "key": "value" (the key quoted or not, the
+// value quoted, a "Bearer x" credential, or a bare word).
+var secretPair = regexp.MustCompile(`(?i)(["']?[A-Za-z0-9_.\-]*(?:` + strings.Join(quoteAll(secretWords), "|") +
+	`)[A-Za-z0-9_.\-]*["']?\s*[:=]\s*)("(?:[^"\\]|\\.)*"|'[^']*'|(?:bearer|basic|token)\s+[^\s,;&"'}]+|[^\s,;&"'}]+)`)
+
+func quoteAll(words []string) []string {
+	out := make([]string, len(words))
+	for i, w := range words {
+		out[i] = regexp.QuoteMeta(w)
+	}
+	return out
+}
+
+// RedactLine returns a line of text output (a task's stdout, a handler's
+// reply) with the value of every secret-looking key redacted, as events
+// are: a JSON document as RedactJSON does it, and in any other text each
+// key=value, key: value or "key": "value" pair whose key looks like a
+// secret ("DB_PASSWORD=x", "Authorization: Bearer x"). A line with no
+// secret word in it is returned as is, without further work.
+func RedactLine(line string) string {
+	if !mayHoldSecret([]byte(line)) {
+		return line
+	}
+	if t := strings.TrimSpace(line); len(t) > 1 && (t[0] == '{' || t[0] == '[') && json.Valid([]byte(t)) {
+		return string(RedactJSON(json.RawMessage(t)))
+	}
+	return secretPair.ReplaceAllStringFunc(line, func(m string) string {
+		sm := secretPair.FindStringSubmatch(m)
+		switch v := sm[2]; {
+		case strings.HasPrefix(v, `"`):
+			return sm[1] + `"` + Redacted + `"`
+		case strings.HasPrefix(v, "'"):
+			return sm[1] + "'" + Redacted + "'"
+		}
+		return sm[1] + Redacted
+	})
 }

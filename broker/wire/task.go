@@ -14,7 +14,7 @@ type Task struct {
 	// new ULID assigned by the worker that first sees it.
 	ID string `json:"id,omitempty"`
 	// Payload is the input of the task's handler; its shape depends on the
-	// type (see ExecPayload, NoopPayload, HTTPPayload).
+	// type (see ExecPayload, NoopPayload, HTTPPayload, SQLPayload).
 	Payload json.RawMessage `json:"payload,omitempty"`
 	// Resource, when set, is leased before the task runs and released after.
 	Resource string `json:"resource,omitempty"`
@@ -90,6 +90,72 @@ type HTTPPayload struct {
 	// Route names the egress route to go out through, or "auto" for the
 	// best-scoring available one. Empty means a direct request.
 	Route string `json:"route,omitempty"`
+}
+
+// SQLPayload is the payload of the built-in type sql: one statement (or,
+// on SQL Server, a stored procedure) run against a database of the config
+// file's databases. See docs/sql.md.
+type SQLPayload struct {
+	// DB names an entry of the config file's databases.
+	DB string `json:"db"`
+	// Statement is the SQL to run, with the driver's placeholders ($1 on
+	// PostgreSQL, ? on SQLite and MySQL, @p1 or @name on SQL Server), or a
+	// SQL Server stored procedure's bare name.
+	Statement string `json:"statement"`
+	// Args are bound as parameters, never spliced into Statement: a JSON
+	// array for positional placeholders, or an object for named ones.
+	Args json.RawMessage `json:"args,omitempty"`
+	// Out names the output parameters of a SQL Server stored procedure;
+	// their values are in the result. A name also in Args starts with
+	// that value, whose JSON type gives the parameter's type.
+	Out []string `json:"out,omitempty"`
+	// Timeout is a Go duration bounding the statement, under the task's
+	// own timeout; it cancels the statement on the server.
+	Timeout string `json:"timeout,omitempty"`
+	// Tx runs the statement in a transaction, committed when it succeeds.
+	Tx bool `json:"tx,omitempty"`
+	// MaxRows bounds the rows of a result set kept in the result. Defaults
+	// to 100.
+	MaxRows int `json:"max_rows,omitempty"`
+}
+
+// The drivers a database of the config file's databases can name.
+const (
+	DriverSQLite    = "sqlite"
+	DriverPostgres  = "postgres"
+	DriverSQLServer = "sqlserver"
+	DriverMySQL     = "mysql"
+)
+
+// ValidDriver reports whether drv is one of the database drivers.
+func ValidDriver(drv string) bool {
+	switch drv {
+	case DriverSQLite, DriverPostgres, DriverSQLServer, DriverMySQL:
+		return true
+	}
+	return false
+}
+
+// SQLResult is the result of a sql task, kept on its record
+// (TaskRecord.Result), in its TASK_FINISHED event and shown by `gantry
+// task get`.
+type SQLResult struct {
+	// RowsAffected is set for a statement run for its effect (INSERT,
+	// UPDATE, DELETE, MERGE, DDL), when the driver reports it.
+	RowsAffected *int64 `json:"rows_affected,omitempty"`
+	// Columns and Rows are the first result set of a statement that
+	// returns rows: at most max_rows rows, bounded in size. Values are
+	// JSON numbers, strings, booleans or null; times are RFC 3339 strings;
+	// bytes that are not UTF-8 text are base64.
+	Columns []string `json:"columns,omitempty"`
+	Rows    [][]any  `json:"rows,omitempty"`
+	// Truncated says rows were left out: there were more than max_rows,
+	// or they were over the size bound.
+	Truncated bool `json:"truncated,omitempty"`
+	// Out holds the output parameters of a SQL Server procedure.
+	Out map[string]any `json:"out,omitempty"`
+	// ReturnStatus is a SQL Server procedure's return status.
+	ReturnStatus *int64 `json:"return_status,omitempty"`
 }
 
 // Environment variables every exec'd process gets.

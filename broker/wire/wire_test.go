@@ -40,6 +40,7 @@ func TestGolden(t *testing.T) {
 	t.Parallel()
 	nb := t0.Add(time.Hour)
 	until := t0.Add(30 * time.Second)
+	affected, status := int64(1), int64(0)
 	cases := map[string]any{
 		"task": Task{
 			ID: "task-1", Payload: json.RawMessage(`{"cmd":["echo","hi"]}`), Resource: "cam1",
@@ -57,6 +58,8 @@ func TestGolden(t *testing.T) {
 		},
 		"lease":    Lease{Resource: "cam1", Owner: "worker-a", ExpiresAt: t0, Revision: 7},
 		"resource": Resource{ID: "cam1", State: ResourceLeased, LeaseOwner: "worker-a", LeaseUntil: &until, RouteID: "office", UpdatedAt: t0},
+		"waiter": Waiter{Resource: "cam1", Owner: "worker-a/task-1", TaskID: "task-1", Priority: 5, Arrived: &t0, Seq: 42,
+			TTL: "5s", ExpiresAt: until},
 		"route": Route{
 			ID: "office", State: RouteCooldown, Score: 42.5, LatencyMS: 120, ConsecutiveFailures: 3,
 			LastError: "timeout", CooldownUntil: &until, LastChecked: &t0,
@@ -64,6 +67,10 @@ func TestGolden(t *testing.T) {
 		"exec_payload": ExecPayload{Cmd: []string{"prog", "arg"}, Dir: "/tmp", Env: map[string]string{"A": "1"},
 			Stdin: "in", FailExitCodes: []int{2}, DelayExitCodes: []int{75}},
 		"http_payload": HTTPPayload{Method: "GET", URL: "http://127.0.0.1/", Headers: map[string]string{"Accept": "*/*"}, Route: "auto"},
+		"sql_payload": SQLPayload{DB: "plant", Statement: "INSERT INTO readings (sensor, value) VALUES ($1, $2)",
+			Args: json.RawMessage(`["t1",21.5]`), Out: []string{"total"}, Timeout: "30s", Tx: true, MaxRows: 10},
+		"sql_result": SQLResult{RowsAffected: &affected, Columns: []string{"sensor", "value"}, Rows: [][]any{{"t1", 21.5}, {"t2", nil}},
+			Truncated: true, Out: map[string]any{"total": 2}, ReturnStatus: &status},
 	}
 	for name, v := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -139,5 +146,17 @@ func TestRedact(t *testing.T) {
 	}
 	if got := RedactJSON(json.RawMessage(`"plain"`)); string(got) != `"plain"` {
 		t.Errorf("RedactJSON(string) = %s, want unchanged", got)
+	}
+}
+
+func TestValidDriver(t *testing.T) {
+	t.Parallel()
+	for drv, want := range map[string]bool{
+		DriverSQLite: true, DriverPostgres: true, DriverSQLServer: true, DriverMySQL: true,
+		"": false, "oracle": false, "SQLite": false, "pgx": false,
+	} {
+		if got := ValidDriver(drv); got != want {
+			t.Errorf("ValidDriver(%q) = %v, want %v", drv, got, want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"encoding/json"
+	"strconv"
 	"time"
 )
 
@@ -29,12 +30,23 @@ type TaskRecord struct {
 	Seq uint64 `json:"seq,omitempty"`
 	// Worker names the worker that last ran the task.
 	Worker string `json:"worker,omitempty"`
+	// Job names the job that fired the task (its message's HeaderJob),
+	// if a job did; every event of the task carries it as job_id.
+	Job string `json:"job,omitempty"`
 	// Output holds the tail of the last attempt's output (exec: stdout and
 	// stderr; http: the response body), bounded.
 	Output string `json:"output,omitempty"`
+	// Result is what the handler of a task that SUCCEEDED returned (sql:
+	// a SQLResult), bounded; TASK_FINISHED carries it too.
+	Result json.RawMessage `json:"result,omitempty"`
 	// Message is the task's message, kept once it has left the stream
 	// (NEEDS_REVIEW), so that `gantry task retry` can publish it again.
 	Message *StoredMessage `json:"message,omitempty"`
+	// Run numbers the task's runs: a task runs once when published, and
+	// once more after each `gantry task retry`. Each run ends in exactly
+	// one TASK_FINISHED, whose payload carries the run. Omitted (read as
+	// 1) for the first run.
+	Run int `json:"run,omitempty"`
 }
 
 // StoredMessage is a task message kept outside the stream.
@@ -104,7 +116,22 @@ const (
 	// HeaderIntakeTime on a sorted task message is when the task was first
 	// stored (RFC 3339, nanoseconds): its created_at.
 	HeaderIntakeTime = "Gantry-Intake-Time"
+	// HeaderRun on a task message numbers its run when it is not the
+	// first: `gantry task retry` publishes run 2, then 3… (see
+	// TaskRecord.Run).
+	HeaderRun = "Gantry-Run"
 )
+
+// TaskRun returns the run a task message's headers number: HeaderRun, or
+// 1 for a message without it (the first run).
+func TaskRun(h map[string][]string) int {
+	if v := h[HeaderRun]; len(v) > 0 {
+		if n, err := strconv.Atoi(v[0]); err == nil && n > 1 {
+			return n
+		}
+	}
+	return 1
+}
 
 // The error classes of HeaderErrorClass.
 const (

@@ -16,7 +16,7 @@ func TestWorkerGolden(t *testing.T) {
 				LastError: "exit status 1", Resource: "cam1", CreatedAt: t0, UpdatedAt: t0,
 			},
 			Deliveries: 4, Delays: 1, MaxAttempts: 3, Priority: 2, Key: "k-1", NotBefore: &nb, RetryAt: &nb,
-			Seq: 42, Worker: "pc-1-123", Output: "boom\n",
+			Seq: 42, Worker: "pc-1-123", Job: "tick", Output: "boom\n", Result: json.RawMessage(`{"rows_affected":1}`),
 			Message: &StoredMessage{Subject: "gantry.tasks.default.exec", Header: map[string][]string{"Gantry-Job": {"tick"}}, Data: []byte(`{"id":"task-1"}`)},
 		},
 		"checkpoint": Checkpoint{

@@ -192,6 +192,10 @@ func (a *app) auditQuery(ctx context.Context, q wire.AuditQuery, all bool) error
 
 var eventHeader = []string{"TIME", "TYPE", "LEVEL", "HOST", "TASK", "RESOURCE", "ROUTE", "JOB", "MESSAGE"}
 
+// eventWidths are the starting widths of a tail's columns: wide enough
+// for a local time with its offset, the longest event type, a ULID.
+var eventWidths = []int{len(eventTimeLayout), len(wire.EventResourceStateChanged), 5, 16, 26, 12, 12, 16}
+
 const eventTimeLayout = "2006-01-02T15:04:05.000Z07:00"
 
 func eventRow(ev *wire.Event) []string {
@@ -247,8 +251,12 @@ func (a *app) auditTail(ctx context.Context, q wire.AuditQuery, since time.Time,
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return a.withClient(ctx, "gantry-audit-tail", func(c *client.Client) error {
+		var table *streamTable
 		if !a.json {
-			fmt.Fprintln(a.stdout, strings.Join(eventHeader, "  "))
+			var err error
+			if table, err = newStreamTable(a.stdout, eventHeader, eventWidths); err != nil {
+				return err
+			}
 		}
 		printed := 0
 		for ev, err := range c.TailAudit(ctx, q, since) {
@@ -262,7 +270,7 @@ func (a *app) auditTail(ctx context.Context, q wire.AuditQuery, since time.Time,
 			if a.json {
 				err = a.printJSONLine(ev)
 			} else {
-				_, err = fmt.Fprintln(a.stdout, strings.Join(eventRow(&ev), "  "))
+				err = table.row(eventRow(&ev))
 			}
 			if err != nil {
 				return err

@@ -266,12 +266,30 @@ func TestAuditTail(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("tail did not stop within 10s of cancel")
 		}
-		for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n")[1:] {
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		for _, line := range lines[1:] {
 			if !strings.Contains(line, "TASK_FINISHED") || strings.Contains(line, "ev-00") {
 				t.Errorf("tail --type TASK_FINISHED printed %q", line)
 			}
 		}
+		checkAligned(t, lines)
 	})
+}
+
+// checkAligned checks that every column of a table starts where its
+// header does, in every row.
+func checkAligned(t *testing.T, lines []string) {
+	t.Helper()
+	header := []rune(lines[0])
+	for _, line := range lines[1:] {
+		row := []rune(line)
+		for i := 1; i < len(header) && i < len(row); i++ {
+			if header[i] != ' ' && header[i-1] == ' ' && (row[i-1] != ' ' || row[i] == ' ') {
+				t.Errorf("column %q starts at %d in the header but not in row %q", strings.Fields(string(header[i:]))[0], i, line)
+				break
+			}
+		}
+	}
 }
 
 func TestAuditdStandalone(t *testing.T) {

@@ -64,9 +64,9 @@ func auditStoreDir(dataDir string) string { return filepath.Join(dataDir, "audit
 
 func (a *app) auditdCommand() *cobra.Command {
 	var (
-		af         auditdFlags
-		dataDir    string
-		httpListen string
+		af      auditdFlags
+		cf      componentFlags
+		dataDir string
 	)
 	cmd := &cobra.Command{
 		Use:   "auditd",
@@ -78,29 +78,37 @@ and 'gantry audit backup' from any machine. Events older than
 --audit-retention are removed. Run one auditd per system: two would split
 the events between their stores.
 
+Started before its broker, auditd waits for it (--connect-timeout); it logs
+every loss and return of the broker.
+
 'gantry run' includes it; use this command when the system is split across
 machines.`,
 		Example: `  gantry auditd --server nats://broker-host:4222 --data /var/lib/gantry --audit-retention 90d`,
 		Args:    exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.auditd(cmd.Context(), dataDir, httpListen, &af)
+			return a.auditd(cmd.Context(), dataDir, &af, &cf)
 		},
 	}
 	cmd.Flags().StringVar(&dataDir, "data", defaultDataDir(), "data directory; the audit store is <data>/audit")
-	httpFlag(cmd.Flags(), &httpListen)
 	af.register(cmd.Flags())
+	cf.register(cmd, "no section (it checks the file, so one file serves every process)")
 	return cmd
 }
 
-func (a *app) auditd(ctx context.Context, dataDir, httpListen string, af *auditdFlags) error {
+func (a *app) auditd(ctx context.Context, dataDir string, af *auditdFlags, cf *componentFlags) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
 	}
-	if err := a.checkComponentHTTP(httpListen); err != nil {
+	if err := a.checkComponentHTTP(cf.httpListen); err != nil {
 		return err
 	}
-	nc, _, err := a.client.connect("gantry-auditd", componentOptions(log)...)
+	cfg, err := cf.load()
+	if err != nil {
+		return err
+	}
+	logSections(log, cf.configPath, cfg)
+	nc, _, err := a.connectComponent(ctx, log, cf, "gantry-auditd")
 	if err != nil {
 		return err
 	}
@@ -113,7 +121,7 @@ func (a *app) auditd(ctx context.Context, dataDir, httpListen string, af *auditd
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "audit_dir", auditStoreDir(dataDir))
 
 	// HTTP: /healthz and /readyz (unready while cut off from the broker).
-	if err := a.addComponentHTTP(p, httpListen, nc); err != nil {
+	if err := a.addComponentHTTP(p, cf.httpListen, nc); err != nil {
 		p.abort()
 		return err
 	}

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -102,4 +105,61 @@ func TestProcessAbort(t *testing.T) {
 		t.Fatalf("HTTP port %s still taken after abort: %v", addr, err)
 	}
 	ln.Close()
+}
+
+// runBinary runs gantry as a child process and returns its exit code and
+// output.
+func runBinary(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	return runBinaryEnv(t, nil, args...)
+}
+
+// runBinaryEnv is runBinary with env added to the child's environment.
+func runBinaryEnv(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	cmd := gantryCmd(t, args...)
+	cmd.Env = append(cmd.Env, env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("gantry %v: %v", args, err)
+	}
+	return code, out.String(), errb.String()
+}
+
+// TestCLIConventions runs the binary the way kubectl and the nats CLI are
+// used: unknown subcommands and bare groups are usage errors (exit 2),
+// errors are JSON under --json, --version and completion work.
+func TestCLIConventions(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args        []string
+		code        int
+		out, errOut string
+	}{
+		{[]string{"task", "rm", "x"}, exitUsage, "", `unknown command "rm" for "gantry task"`},
+		{[]string{"lease", "frob"}, exitUsage, "", `unknown command "frob"`},
+		{[]string{"audit"}, exitUsage, "", `"gantry audit" needs a subcommand: backup, query, tail`},
+		{[]string{"job", "paus", "x"}, exitUsage, "", "did you mean pause?"},
+		{[]string{"--version"}, exitOK, "gantry ", ""},
+		{[]string{"version", "--json"}, exitOK, `"commit"`, ""},
+		{[]string{"completion", "bash"}, exitOK, "bash completion", ""},
+		{[]string{"lease", "frob", "--json"}, exitUsage, "", `{"error":"unknown command \"frob\" for \"gantry lease\": want one of acquire, ls, release, renew, run","code":2}`},
+		{[]string{"task", "get", "x", "--json", "--server", "nats://127.0.0.1:1", "--timeout", "1s"}, exitFailure, "", `"code":1}`},
+		{[]string{"task", "ls", "--no-such-flag", "--json"}, exitUsage, "", `{"error":"unknown flag: --no-such-flag","code":2}`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			t.Parallel()
+			code, stdout, stderr := runBinary(t, tc.args...)
+			if code != tc.code || !strings.Contains(stdout, tc.out) || !strings.Contains(stderr, tc.errOut) {
+				t.Errorf("gantry %v = exit %d, stdout %.200q, stderr %q; want exit %d, stdout with %q, stderr with %q",
+					tc.args, code, stdout, stderr, tc.code, tc.out, tc.errOut)
+			}
+		})
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -19,6 +18,9 @@ import (
 
 // clientFlags are the connection flags, named as the nats CLI names them.
 type clientFlags struct {
+	// fs holds the flags, to tell the ones given from the defaults.
+	fs       *pflag.FlagSet
+	context  string
 	server   string
 	creds    string
 	nkey     string
@@ -27,10 +29,13 @@ type clientFlags struct {
 	tlsCA    string
 	tlsCert  string
 	tlsKey   string
+	token    string
 	timeout  time.Duration
 }
 
 func (c *clientFlags) register(fs *pflag.FlagSet) {
+	c.fs = fs
+	fs.StringVar(&c.context, "context", os.Getenv("NATS_CONTEXT"), "nats CLI context to connect with (env NATS_CONTEXT; default the one 'nats context select' chose); the flags below win over it")
 	fs.StringVarP(&c.server, "server", "s", cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL), "NATS server URL(s), comma separated (env NATS_URL)")
 	fs.StringVar(&c.creds, "creds", "", "user credentials file")
 	fs.StringVar(&c.nkey, "nkey", "", "user NKey seed file")
@@ -42,12 +47,46 @@ func (c *clientFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.timeout, "timeout", client.DefaultTimeout, "how long a client request may take")
 }
 
+// applyContext fills the connection flags not given (on the command line,
+// or NATS_URL for --server) from the nats CLI context named by --context,
+// or else the one the nats CLI has selected, as the nats CLI does.
+func (c *clientFlags) applyContext() error {
+	name := c.context
+	if name == "" {
+		sel, err := client.SelectedContext()
+		if err != nil || sel == "" {
+			return err
+		}
+		name = sel
+	}
+	ctx, err := client.LoadContext(name)
+	if err != nil {
+		return fmt.Errorf("--context: %w", err)
+	}
+	for _, f := range []struct {
+		flag string
+		dst  *string
+		v    string
+	}{
+		{"server", &c.server, ctx.Servers}, {"creds", &c.creds, ctx.Creds}, {"user", &c.user, ctx.User},
+		{"password", &c.password, ctx.Password}, {"tlsca", &c.tlsCA, ctx.TLSCA}, {"tlscert", &c.tlsCert, ctx.TLSCert},
+		{"tlskey", &c.tlsKey, ctx.TLSKey},
+	} {
+		given := c.fs.Changed(f.flag) || f.flag == "server" && os.Getenv("NATS_URL") != ""
+		if f.v != "" && !given {
+			*f.dst = f.v
+		}
+	}
+	c.token = ctx.Token
+	return nil
+}
+
 // options returns the client options the flags ask for, for a connection
 // named name.
 func (c *clientFlags) options(name string) client.Options {
 	return client.Options{
 		Servers: c.server, Creds: c.creds, NKey: c.nkey, User: c.user, Password: c.password,
-		TLSCA: c.tlsCA, TLSCert: c.tlsCert, TLSKey: c.tlsKey, Name: name, Timeout: c.timeout,
+		TLSCA: c.tlsCA, TLSCert: c.tlsCert, TLSKey: c.tlsKey, Token: c.token, Name: name, Timeout: c.timeout,
 	}
 }
 
@@ -69,27 +108,6 @@ func (c *clientFlags) connect(name string, extra ...nats.Option) (*nats.Conn, je
 // authenticated reports whether the flags carry credentials.
 func (c *clientFlags) authenticated() bool {
 	return c.creds != "" || c.nkey != "" || c.user != "" || c.tlsCert != ""
-}
-
-// componentOptions are the connection options of a component process: it
-// reconnects forever (to any of the --server URLs and the cluster members
-// the broker announces), logs each disconnect and reconnect, and logs what
-// the broker refuses it.
-func componentOptions(log *slog.Logger) []nats.Option {
-	return []nats.Option{
-		nats.MaxReconnects(-1),
-		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
-			if !nc.IsClosed() {
-				log.Warn("disconnected from the broker", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info("reconnected to the broker", "nats", nc.ConnectedUrlRedacted(), "server_name", nc.ConnectedServerName())
-		}),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			log.Error("broker refused", "err", err)
-		}),
-	}
 }
 
 // permissionError is the broker refusing a publish or subscription the

@@ -2,22 +2,18 @@ package main
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
-	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/healthd"
-	"github.com/gantry-dev/gantry/internal/audit"
-	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/config"
 )
 
 func (a *app) healthdCommand() *cobra.Command {
-	var configPath, httpListen string
+	var cf componentFlags
 	cmd := &cobra.Command{
 		Use:   "healthd --config FILE",
 		Short: "Probe the egress routes of the config file and keep their health in gantry_routes",
@@ -40,32 +36,32 @@ State lives in the gantry_routes bucket ('gantry route ls'); each probe's
 result is published on gantry.health.route.<id>; ROUTE_COOLDOWN and
 ROUTE_RECOVERED are audit events; 'gantry route probe ID' asks for a probe
 now. Routes stored in gantry_routes but absent from the config are marked
-DISABLED. Run one healthd per set of routes.`,
+DISABLED. Run one healthd per set of routes.
+
+Started before its broker, healthd waits for it (--connect-timeout); it
+logs every loss and return of the broker.`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error { return a.healthd(cmd.Context(), configPath, httpListen) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.healthd(cmd.Context(), &cf) },
 	}
-	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose routes to probe (see examples/gantry.yaml)")
-	httpFlag(cmd.Flags(), &httpListen)
+	cf.register(cmd, "routes section (the routes to probe)")
 	return cmd
 }
 
-func (a *app) healthd(ctx context.Context, configPath, httpListen string) error {
+func (a *app) healthd(ctx context.Context, cf *componentFlags) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
 	}
-	if err := a.checkComponentHTTP(httpListen); err != nil {
+	if err := a.checkComponentHTTP(cf.httpListen); err != nil {
 		return err
 	}
-	cfg, cfgErr := (&serverFlags{configPath: configPath}).loadConfig()
-	nc, js, err := a.client.connect("gantry-healthd", componentOptions(log)...)
-	if cfgErr != nil {
-		if err == nil {
-			a.rejectConfig(ctx, log, js, cfgErr)
-			nc.Close()
-		}
-		return cfgErr
+	cfg, err := cf.load()
+	if err != nil {
+		a.rejectConfig(ctx, log, "healthd", err)
+		return err
 	}
+	logSections(log, cf.configPath, cfg, "routes")
+	nc, js, err := a.connectComponent(ctx, log, cf, "gantry-healthd")
 	if err != nil {
 		return err
 	}
@@ -80,7 +76,7 @@ func (a *app) healthd(ctx context.Context, configPath, httpListen string) error 
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "routes", len(cfg.Routes))
 
 	// HTTP: /healthz and /readyz (unready while cut off from the broker).
-	if err := a.addComponentHTTP(p, httpListen, nc); err != nil {
+	if err := a.addComponentHTTP(p, cf.httpListen, nc); err != nil {
 		p.abort()
 		return err
 	}
@@ -90,22 +86,6 @@ func (a *app) healthd(ctx context.Context, configPath, httpListen string) error 
 
 	p.addActor("healthd", hd)
 	return p.run()
-}
-
-// rejectConfig records a config file healthd refused as a CONFIG_REJECTED
-// audit event, so the refusal is visible beyond this terminal.
-func (a *app) rejectConfig(ctx context.Context, log *slog.Logger, js jetstream.JetStream, cfgErr error) {
-	if !errors.Is(cfgErr, config.ErrInvalid) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, a.client.timeout)
-	defer cancel()
-	err := audit.NewEmitter(js, "healthd", clock.Real{}).Emit(ctx, wire.Event{
-		Type: wire.EventConfigRejected, Level: wire.LevelError, Message: cfgErr.Error(),
-	})
-	if err != nil {
-		log.Warn("config rejection not recorded", "err", err)
-	}
 }
 
 // newHealthd builds healthd for the routes of the config file; 'gantry run'

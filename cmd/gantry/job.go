@@ -29,7 +29,8 @@ A job fires a task of its --type on gantry.tasks.<queue>.<type> with the id
 events JOB_FIRED, JOB_SKIPPED and JOB_MISSED. See docs/scheduler.md.`,
 	}
 	cmd.AddCommand(a.jobAddCommand(), a.jobLsCommand(), a.jobGetCommand(), a.jobRmCommand(),
-		a.jobPauseCommand(true), a.jobPauseCommand(false), a.jobTriggerCommand(), a.jobRunsCommand())
+		a.jobPauseCommand(true), a.jobPauseCommand(false), a.jobTriggerCommand(), a.jobRunsCommand(),
+		a.jobNextCommand())
 	return cmd
 }
 
@@ -181,37 +182,107 @@ func jobWhenp(t *time.Time) string {
 	return jobWhen(*t)
 }
 
+// jobZoned shows t in the job's time zone, where its windows and cron are
+// read.
+func jobZoned(t *time.Time, tz string) string {
+	if t == nil || t.IsZero() {
+		return "-"
+	}
+	loc, err := time.LoadLocation(tz)
+	if err != nil {
+		loc = time.UTC
+	}
+	return t.In(loc).Format(time.RFC3339)
+}
+
+// jobStatus is a job's status column: active, paused, or rejected with
+// the reason.
+func jobStatus(v client.JobInfo) string {
+	if v.Status == client.JobRejected {
+		return truncate(v.Status+": "+v.Reason, 70)
+	}
+	return v.Status
+}
+
 func (a *app) jobLsCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "ls",
-		Short: "List the jobs with their trigger, state and next fire",
-		Args:  exactArgs(0, "no arguments"),
+	var p pageFlags
+	cmd := &cobra.Command{
+		Use:   "ls [--limit N | --all]",
+		Short: "List the jobs with their trigger, status and next fire",
+		Long: `Ls lists the jobs of gantry_jobs. STATUS is what the schedulers make of a
+job: active, paused, or rejected with the reason (a definition they refuse,
+written by another client; it does not fire). NEXT is the moment of the next
+fire, in the job's time zone: jitter included, planned times outside its
+windows passed over ('gantry job next NAME' previews more).`,
+		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := p.check(); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			return a.withClient(ctx, "gantry-job", func(c *client.Client) error {
-				views, bad, err := c.Jobs(ctx)
+				views, _, err := c.Jobs(ctx)
 				if err != nil {
 					return err
 				}
-				for key, err := range bad {
-					fmt.Fprintf(a.stderr, "gantry: job %s: %v\n", key, err)
-				}
+				views = page(a, p, views, "jobs", false)
 				if a.json {
 					return a.printJSON(views)
 				}
 				rows := make([][]string, 0, len(views))
 				for _, v := range views {
-					state := "active"
-					if v.Paused {
-						state = "paused"
-					}
-					rows = append(rows, []string{v.Name, v.Queue + "/" + v.Type, jobTrigger(v.Job), state,
-						jobWhenp(v.NextFire), jobWhenp(v.LastFired), strconv.Itoa(len(v.Running))})
+					rows = append(rows, []string{v.Name, cmp.Or(v.Queue, wire.DefaultQueue) + "/" + v.Type, jobTrigger(v.Job), jobStatus(v),
+						jobZoned(v.NextFire, v.Timezone), jobWhenp(v.LastFired), strconv.Itoa(len(v.Running))})
 				}
-				return a.printTable([]string{"NAME", "QUEUE/TYPE", "TRIGGER", "STATE", "NEXT", "LAST FIRED", "RUNNING"}, rows)
+				return a.printTable([]string{"NAME", "QUEUE/TYPE", "TRIGGER", "STATUS", "NEXT", "LAST FIRED", "RUNNING"}, rows)
 			})
 		},
 	}
+	p.register(cmd.Flags(), "jobs")
+	return cmd
+}
+
+func (a *app) jobNextCommand() *cobra.Command {
+	var count int
+	cmd := &cobra.Command{
+		Use:   "next NAME [--count N]",
+		Short: "Preview a job's next fire times, as the schedulers will plan them",
+		Long: `Next prints the next --count fires of job NAME from now, in the job's time
+zone: the planned time, the moment it fires (jitter added) and how many
+planned times before it are skipped as outside the job's windows. A paused
+job is previewed as if resumed. Exit 4 if there is no such job, 2 if the
+schedulers reject its definition.`,
+		Args: exactArgs(1, "NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if count < 1 {
+				return usageError("--count %d: want 1 or more", count)
+			}
+			ctx := cmd.Context()
+			return a.withClient(ctx, "gantry-job", func(c *client.Client) error {
+				v, err := c.Job(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				fires, err := c.NextFires(ctx, args[0], count)
+				if err != nil {
+					return err
+				}
+				if a.json {
+					if fires == nil {
+						fires = []jobs.Fire{}
+					}
+					return a.printJSON(fires)
+				}
+				rows := make([][]string, 0, len(fires))
+				for _, f := range fires {
+					rows = append(rows, []string{jobZoned(&f.Planned, v.Timezone), jobZoned(&f.At, v.Timezone), strconv.Itoa(f.Skipped)})
+				}
+				return a.printTable([]string{"PLANNED", "FIRES AT", "SKIPPED BEFORE (OUTSIDE WINDOWS)"}, rows)
+			})
+		},
+	}
+	cmd.Flags().IntVar(&count, "count", 5, "how many fires to show")
+	return cmd
 }
 
 func (a *app) jobGetCommand() *cobra.Command {
@@ -232,11 +303,11 @@ func (a *app) jobGetCommand() *cobra.Command {
 				j := v.Job
 				rows := [][]string{
 					{"name", j.Name}, {"task", j.Queue + "/" + j.Type}, {"trigger", jobTrigger(j)},
-					{"timezone", cmp.Or(j.Timezone, "UTC")}, {"paused", strconv.FormatBool(j.Paused)},
+					{"timezone", cmp.Or(j.Timezone, "UTC")}, {"status", jobStatus(v)}, {"paused", strconv.FormatBool(j.Paused)},
 					{"windows", strings.Join(j.Windows, ", ")}, {"jitter", j.Jitter}, {"misfire", string(j.Misfire)},
 					{"overlap", string(j.Overlap)}, {"max per hour", strconv.Itoa(j.MaxPerHour)},
 					{"priority", strconv.Itoa(j.Priority)}, {"resource", j.Resource}, {"cooldown", j.Cooldown},
-					{"payload", string(j.Payload)}, {"description", j.Description}, {"next fire", jobWhenp(v.NextFire)},
+					{"payload", string(j.Payload)}, {"description", j.Description}, {"next fire", jobZoned(v.NextFire, j.Timezone)},
 					{"last fired", jobWhenp(v.LastFired)}, {"running", strings.Join(v.Running, ", ")},
 				}
 				return a.printTable([]string{"FIELD", "VALUE"}, rows)

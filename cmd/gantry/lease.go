@@ -74,19 +74,27 @@ func (a *app) printLeases(ls []wire.Lease) error {
 func (a *app) leaseAcquireCommand() *cobra.Command {
 	var owner string
 	var ttl time.Duration
+	var wait waitFlags
 	cmd := &cobra.Command{
-		Use:   "acquire RES --owner O [--ttl D]",
+		Use:   "acquire RES --owner O [--ttl D] [--wait[=TIMEOUT]]",
 		Short: "Take the lease on a resource (exit 3 if another owner holds it)",
 		Long: `Acquire takes the lease on RES for owner O, for --ttl (whole seconds, at
 least 1 s). It does not renew it: renew it with 'gantry lease renew' before it
 lapses, or release it with 'gantry lease release'. If another owner holds RES,
 it exits 3 naming the holder and its expiry, and changes nothing. If O already
-holds it, the lease is renewed.`,
+holds it, the lease is renewed.
+
+With --wait, if RES is held, cooling down, DISABLED or FAULT, acquire waits in
+RES's line (the line tasks wait in) and takes the lease the moment its turn
+comes; meanwhile it says on stderr who holds RES, until when, and its place in
+line. --wait=TIMEOUT gives up after TIMEOUT and exits 3, like flock -w.`,
 		Args: exactArgs(1, "a resource id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			return a.withLeases(ctx, owner, func(c *client.Client) error {
-				l, err := c.AcquireLease(ctx, args[0], owner, ttl)
+				wctx, opts, inLine := a.waitInLine(ctx, &wait)
+				l, err := c.AcquireLease(wctx, args[0], owner, ttl, opts...)
+				inLine()
 				if err != nil {
 					return err
 				}
@@ -96,6 +104,7 @@ holds it, the lease is renewed.`,
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "who holds the lease (required)")
 	cmd.Flags().DurationVar(&ttl, "ttl", defaultLeaseTTL, "how long the lease lasts unless renewed")
+	wait.register(cmd.Flags())
 	return cmd
 }
 
@@ -154,19 +163,24 @@ holder. No lease on RES: exit 4.`,
 }
 
 func (a *app) leaseLsCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "ls",
+	var p pageFlags
+	cmd := &cobra.Command{
+		Use:   "ls [--limit N | --all]",
 		Short: "List the current leases",
 		Long: `Ls lists every live lease. With --json it prints an array of objects with
 resource, owner, expires_at and revision.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := p.check(); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			return a.withClient(ctx, "gantry-lease", func(c *client.Client) error {
 				ls, err := c.Leases(ctx)
 				if err != nil {
 					return err
 				}
+				ls = page(a, p, ls, "leases", false)
 				if a.json {
 					return a.printJSON(ls)
 				}
@@ -174,13 +188,16 @@ resource, owner, expires_at and revision.`,
 			})
 		},
 	}
+	p.register(cmd.Flags(), "leases")
+	return cmd
 }
 
 func (a *app) leaseRunCommand() *cobra.Command {
 	var owner string
 	var ttl time.Duration
+	var wait waitFlags
 	cmd := &cobra.Command{
-		Use:   "run RES [--owner O] [--ttl D] -- CMD [ARGS...]",
+		Use:   "run RES [--owner O] [--ttl D] [--wait[=TIMEOUT]] -- CMD [ARGS...]",
 		Short: "Run a command while holding the lease on a resource",
 		Long: `Run checks and acquires the lease on RES, starts CMD, renews the lease every
 TTL/3 while CMD runs, releases it when CMD ends and exits with CMD's exit code.
@@ -188,13 +205,22 @@ TTL/3 while CMD runs, releases it when CMD ends and exits with CMD's exit code.
 - If another owner holds RES (or RES is cooling down), it exits 3 without
   starting CMD, naming the holder and its expiry. A DISABLED or FAULT resource
   is refused with exit 1.
-- SIGINT and SIGTERM are forwarded to CMD's process group; gantry waits for
+- With --wait, it waits in RES's line instead (the line tasks wait in), saying
+  on stderr who holds RES, until when, and its place in line, and starts CMD
+  the moment its turn comes. --wait=TIMEOUT gives up after TIMEOUT and exits
+  3 without starting CMD, like flock -w.
+- If CMD cannot start, it exits 127 (not found) or 126 (not executable), like
+  a shell, and releases the lease: the resource moves to RUNNING only once
+  CMD has started.
+- SIGINT and SIGTERM are forwarded to CMD's process tree; gantry waits for
   CMD to end.
 - If the lease is lost while CMD runs (renewals fail for 2/3 of the TTL, or
   the lease was taken away), CMD's whole process tree is killed and gantry
   exits 1 saying so.
-- When CMD ends, whatever it left running in its process group (its Job
-  Object on Windows) is killed before the lease is released.
+- When CMD ends, whatever it left running is killed before the lease is
+  released: on Linux everything it started, setsid or double-forked too (a
+  cgroup or a subreaper holds the tree); its process group on macOS; its Job
+  Object on Windows.
 - CMD finds the resource in GANTRY_RESOURCE and the owner in
   GANTRY_LEASE_OWNER. A non-zero exit of CMD is a task failure, not a
   resource fault: the resource returns to AVAILABLE.
@@ -211,21 +237,28 @@ TTL/3 while CMD runs, releases it when CMD ends and exits with CMD's exit code.
 				host, _ := os.Hostname()
 				owner = fmt.Sprintf("%s/%d", host, os.Getpid())
 			}
-			return a.leaseRun(cmd.Context(), args[0], owner, ttl, args[1:])
+			return a.leaseRun(cmd.Context(), args[0], owner, ttl, &wait, args[1:])
 		},
 	}
 	cmd.Flags().StringVar(&owner, "owner", "", "who holds the lease (default <host>/<pid>)")
 	cmd.Flags().DurationVar(&ttl, "ttl", defaultLeaseTTL, "lease TTL; renewed every TTL/3")
+	wait.register(cmd.Flags())
 	return cmd
 }
 
-func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Duration, argv []string) error {
+func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Duration, wait *waitFlags, argv []string) error {
+	trees, err := proctree.New(proctree.Config{Shim: shimPath()})
+	if err != nil {
+		return err
+	}
 	cl, err := a.connect(ctx, "gantry-lease")
 	if err != nil {
 		return err
 	}
 	defer a.closeClient(cl)
-	rh, err := cl.HoldLease(ctx, resource, owner, ttl)
+	wctx, opts, inLine := a.waitInLine(ctx, wait)
+	rh, err := cl.HoldLease(wctx, resource, owner, ttl, opts...)
+	inLine()
 	if err != nil {
 		return err
 	}
@@ -233,9 +266,6 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		return rh.Finish(fctx, lease.Outcome{})
-	}
-	if err := rh.Start(ctx); err != nil {
-		return errors.Join(err, finish())
 	}
 	c := exec.Command(argv[0], argv[1:]...)
 	c.Stdin, c.Stdout, c.Stderr = a.stdin, a.stdout, a.stderr
@@ -246,9 +276,18 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, proctree.Interrupts()...)
 	defer signal.Stop(sigs)
-	tree, err := proctree.Start(c)
+	// CMD starts before the resource moves to RUNNING: a command that
+	// cannot start never marks it so, and its lease is released
+	// (LEASED -> AVAILABLE).
+	tree, err := trees.Start(c)
 	if err != nil {
-		return errors.Join(withCode(exitFailure, fmt.Errorf("start %s: %w", argv[0], err)), finish())
+		return errors.Join(startExit(err), finish())
+	}
+	if err := rh.Start(ctx); err != nil {
+		// The resource cannot run: CMD is stopped before it acts on it.
+		_ = tree.Kill()
+		_ = tree.Wait()
+		return errors.Join(err, finish())
 	}
 	// Wait kills what CMD left running before it returns: nothing CMD
 	// started may act on the resource once the lease is gone.
@@ -288,4 +327,22 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 			return nil
 		}
 	}
+}
+
+// The exit codes of a command that cannot start, as a shell's.
+const (
+	exitNotExecutable   = 126
+	exitCommandNotFound = 127
+)
+
+// startExit maps a command that could not start to a shell's exit code:
+// 127 not found, 126 not executable, 1 otherwise.
+func startExit(err error) error {
+	switch {
+	case errors.Is(err, proctree.ErrNotFound):
+		return withCode(exitCommandNotFound, err)
+	case errors.Is(err, proctree.ErrNotExecutable):
+		return withCode(exitNotExecutable, err)
+	}
+	return withCode(exitFailure, fmt.Errorf("start: %w", err))
 }

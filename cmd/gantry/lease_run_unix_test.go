@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
@@ -263,5 +266,74 @@ func TestRunReclaimsAfterRestart(t *testing.T) {
 			t.Fatalf("resource after restart = %q, want FAULT (reclaim policy fault) with the reason", out)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// resourceMoves returns the moves (the messages of the
+// RESOURCE_STATE_CHANGED events) of resource stored so far.
+func resourceMoves(t *testing.T, js jetstream.JetStream, resource string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cons, err := js.OrderedConsumer(ctx, wire.StreamAudit, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{wire.EventResourceStateChanged.Subject()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.FetchNoWait(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var moves []string
+	for msg := range batch.Messages() {
+		var ev wire.Event
+		if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.ResourceID == resource {
+			moves = append(moves, ev.Message)
+		}
+	}
+	return moves
+}
+
+// TestLeaseRunCannotStart: a command that is missing or not executable
+// exits 127 or 126 like a shell, and its resource goes LEASED -> AVAILABLE,
+// never RUNNING.
+func TestLeaseRunCannotStart(t *testing.T) {
+	t.Parallel()
+	plain := filepath.Join(t.TempDir(), "plain.sh")
+	if err := os.WriteFile(plain, []byte("#!/bin/sh\nexit 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		cmd  string
+		code int
+		msg  string
+	}{
+		{"missing", "./missing.sh", 127, "./missing.sh: not found"},
+		{"not executable", plain, 126, "plain.sh: not executable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := brokertest.Start(t)
+			if code, _, errs := leaseCLI(t, env.URL, "resource", "add", "cam1"); code != exitOK {
+				t.Fatalf("add = %d %q", code, errs)
+			}
+			code, _, errs := leaseCLI(t, env.URL, "lease", "run", "cam1", "--", tc.cmd)
+			if code != tc.code || !strings.Contains(errs, tc.msg) {
+				t.Errorf("lease run -- %s = exit %d (%q), want %d saying %q", tc.cmd, code, errs, tc.code, tc.msg)
+			}
+			moves := resourceMoves(t, env.JS, "cam1")
+			for _, m := range moves {
+				if strings.Contains(m, "-> RUNNING") {
+					t.Errorf("moves = %q, want none to RUNNING for a command that never started", moves)
+				}
+			}
+			if len(moves) == 0 || !strings.Contains(moves[len(moves)-1], "LEASED -> AVAILABLE") {
+				t.Errorf("moves = %q, want the last LEASED -> AVAILABLE (the lease released)", moves)
+			}
+		})
 	}
 }

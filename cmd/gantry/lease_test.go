@@ -94,7 +94,7 @@ func TestResourceCLI(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
 	u := env.URL
-	if code, _, errs := leaseCLI(t, u, "resource", "add", "cam1", "--route", "office"); code != exitOK {
+	if code, _, errs := leaseCLI(t, u, "resource", "add", "cam1", "--route", "office", "--force"); code != exitOK {
 		t.Fatalf("add = %d %q", code, errs)
 	}
 	code, out, _ := leaseCLI(t, u, "resource", "ls", "--json")

@@ -13,16 +13,28 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/gantry-dev/gantry/internal/pgtest"
+	"github.com/gantry-dev/gantry/internal/proctree"
 )
 
+// pg is the PostgreSQL server of the sql tests, started by the first that
+// needs it.
+var pg pgtest.Shared
+
 // TestMain runs gantry's main instead of the tests when GANTRY_TEST_MAIN is
-// set, so tests can start the real binary as a child process.
+// set, so tests can start the real binary as a child process, and the shim
+// of a process tree when the binary is started as one.
 func TestMain(m *testing.M) {
+	proctree.ShimMain()
 	if os.Getenv("GANTRY_TEST_MAIN") == "1" {
 		main()
 		return
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		pg.Stop()
+		os.Exit(code)
+	}))
 }
 
 // gantryCmd returns the test binary re-executed as gantry with args.
@@ -55,7 +67,15 @@ type logLine struct {
 // process and waits for its ready line, returning the line.
 func startGantry(t testing.TB, args ...string) (*exec.Cmd, logLine) {
 	t.Helper()
+	return startGantryIn(t, "", args...)
+}
+
+// startGantryIn is startGantry with the child's working directory dir (""
+// for this one's).
+func startGantryIn(t testing.TB, dir string, args ...string) (*exec.Cmd, logLine) {
+	t.Helper()
 	cmd := gantryCmd(t, append(args, "--log-format", "json")...)
+	cmd.Dir = dir
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +94,7 @@ func startGantry(t testing.TB, args ...string) (*exec.Cmd, logLine) {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			var l logLine
-			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "ready" {
+			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == readyMsg {
 				ready <- l
 			}
 			t.Log(sc.Text())

@@ -20,7 +20,7 @@ func TestPrioritizedQueue(t *testing.T) {
 	t.Parallel()
 	_, ready := startGantry(t, "broker", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
 	url := ready.NATS
-	startGantry(t, "worker", "--server", url, "--queue", "urgent=1", "--prioritize", "urgent")
+	startGantry(t, "worker", "--server", url, "--data", t.TempDir(), "--queue", "urgent=1", "--prioritize", "urgent")
 	dir := t.TempDir()
 	release, order := filepath.Join(dir, "release"), filepath.Join(dir, "order")
 	submit := func(id, priority, script string) {

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/run"
-	"github.com/spf13/pflag"
 
 	"github.com/gantry-dev/gantry/broker"
 )
@@ -46,7 +45,7 @@ func (p *process) addHTTP(addr string, nc *nats.Conn) error {
 	}
 	h, err := newHTTPServer(addr, p.log.With("component", "http"))
 	if err != nil {
-		return withCode(exitFailure, err)
+		return listenError("--http-listen", "HTTP_LISTEN", err)
 	}
 	if p.httpTLS != nil {
 		h.ln = tls.NewListener(h.ln, p.httpTLS)
@@ -69,7 +68,7 @@ func (p *process) addHTTP(addr string, nc *nats.Conn) error {
 	}
 	p.http = h
 	p.g.Add(h.Run, func(error) { h.Stop() })
-	p.attrs = append(p.attrs, "http", h.Addr())
+	p.attrs = append(p.attrs, "http", "http://"+h.Addr())
 	return nil
 }
 
@@ -135,8 +134,14 @@ func (p *process) addActor(name string, a actor) {
 // context is cancelled; it keeps the whole shutdown within 10 s.
 const stopGrace = 7 * time.Second
 
-// run runs the group until a signal or an actor's error. It logs "ready" once
-// every component that reports readiness is ready. A signal is a clean stop.
+// readyMsg is the message of the one log line that says a gantry process
+// serves: clients can connect and every component runs. Nothing else logs
+// it (nats-server's own "Server is ready" goes to debug).
+const readyMsg = "gantry ready"
+
+// run runs the group until a signal or an actor's error. It logs readyMsg,
+// with the listen URLs, once every component that reports readiness is
+// ready. A signal is a clean stop.
 func (p *process) run() error {
 	done := make(chan struct{})
 	p.g.Add(func() error {
@@ -147,7 +152,7 @@ func (p *process) run() error {
 				return nil
 			}
 		}
-		p.log.Info("ready", p.attrs...)
+		p.log.Info(readyMsg, p.attrs...)
 		<-done
 		return nil
 	}, func(error) { close(done) })
@@ -184,9 +189,4 @@ func (p *process) abort() {
 		_ = p.http.ln.Close()
 	}
 	p.drainConns()
-}
-
-// httpFlag registers a component command's --http-listen.
-func httpFlag(fs *pflag.FlagSet, addr *string) {
-	fs.StringVar(addr, "http-listen", "", "host:port of /healthz and /readyz (unready while cut off from the broker); empty turns HTTP off")
 }

@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -43,10 +45,11 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil && errors.As(context.Cause(ctx), &perm) {
 		err = perm
 	}
+	code := exitCode(err)
 	if err != nil {
-		fmt.Fprintf(stderr, "gantry: %v\n", err)
+		a.printError(err, code, slices.Contains(args, "--json") || slices.Contains(args, "--json=true"))
 	}
-	return exitCode(err)
+	return code
 }
 
 func (a *app) rootCommand() *cobra.Command {
@@ -61,12 +64,16 @@ Start everything in one process with 'gantry run'.`,
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError("%v", err) })
+	// The nats CLI's context fills the connection flags not given.
+	root.PersistentPreRunE = func(*cobra.Command, []string) error { return a.client.applyContext() }
 	pf := root.PersistentFlags()
 	a.client.register(pf)
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of tables")
 	pf.StringVar(&a.logFormat, "log-format", "auto", "log format: text, json, or auto (text on a terminal)")
 	pf.StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 
+	root.Version = readVersion().String()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.AddCommand(
 		a.runCommand(),
 		a.brokerCommand(),
@@ -82,10 +89,47 @@ Start everything in one process with 'gantry run'.`,
 		a.submitCommand(),
 		a.taskCommand(),
 		a.workerCommand(),
+		a.backupCommand(),
+		a.restoreCommand(),
 		a.serviceCommand(),
 		a.roleCommand(),
 	)
+	// 'gantry completion bash|zsh|fish|powershell', cobra's own, added now
+	// so that the walk below covers it.
+	root.InitDefaultCompletionCmd()
+	requireSubcommands(root)
 	return root
+}
+
+// requireSubcommands makes every command group (a command with
+// subcommands and nothing to run itself) refuse to run bare or with an
+// unknown subcommand: a usage error, exit 2, as kubectl and the nats CLI
+// do; cobra would print the help and exit 0. Groups added later get the
+// same.
+func requireSubcommands(cmd *cobra.Command) {
+	for _, c := range cmd.Commands() {
+		requireSubcommands(c)
+	}
+	if !cmd.HasParent() || !cmd.HasSubCommands() || cmd.Runnable() {
+		return
+	}
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		var names []string
+		for _, c := range cmd.Commands() {
+			if c.IsAvailableCommand() {
+				names = append(names, c.Name())
+			}
+		}
+		if len(args) == 0 {
+			return usageError("%q needs a subcommand: %s (see '%s --help')", cmd.CommandPath(), strings.Join(names, ", "), cmd.CommandPath())
+		}
+		hint := ""
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			hint = fmt.Sprintf(" (did you mean %s?)", strings.Join(s, ", "))
+		}
+		return usageError("unknown command %q for %q%s: want one of %s", args[0], cmd.CommandPath(), hint, strings.Join(names, ", "))
+	}
 }
 
 // logger builds the process's one logger from the global flags.

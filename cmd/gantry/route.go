@@ -82,8 +82,9 @@ func (a *app) printRoutes(rs []wire.Route) error {
 }
 
 func (a *app) routeLsCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "ls",
+	var p pageFlags
+	cmd := &cobra.Command{
+		Use:   "ls [--limit N | --all]",
 		Short: "List the egress routes with their state, score and counters",
 		Long: `Ls prints every route in gantry_routes. With --json it prints an array of
 objects with id, state, score, latency_ms, consecutive_successes,
@@ -92,16 +93,21 @@ proxy (password redacted), recent_timeouts, last_error_kind and
 cooldown_streak.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := p.check(); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			return a.withClient(ctx, "gantry-route", func(c *client.Client) error {
 				rs, err := c.Routes(ctx)
 				if err != nil {
 					return err
 				}
-				return a.printRoutes(rs)
+				return a.printRoutes(page(a, p, rs, "routes", false))
 			})
 		},
 	}
+	p.register(cmd.Flags(), "routes")
+	return cmd
 }
 
 // probeWait is how long 'route probe' waits for healthd unless --timeout is
@@ -109,14 +115,18 @@ cooldown_streak.`,
 const probeWait = 30 * time.Second
 
 func (a *app) routeProbeCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "probe ID",
+	var apply bool
+	cmd := &cobra.Command{
+		Use:   "probe ID [--apply]",
 		Short: "Probe a route now, through healthd, and print the result",
 		Long: `Probe asks healthd (over the gantry.api.route.probe service, so it works from
-any machine) to probe route ID at once, records the result like any probe
-(a success ends a cooldown) and prints it with the route's new state. It
-exits 0 when the probe succeeded, 1 when it failed or no healthd answered,
-4 when healthd has no route ID. It waits up to 30s unless --timeout is given.`,
+any machine) to probe route ID at once and prints the result with the
+route's state. The probe only reports: the route's counters, cooldown and
+probe schedule stay as they were. With --apply healthd records it like a
+scheduled probe (a success ends a cooldown, a failure counts and may start
+or lengthen one). It exits 0 when the probe succeeded, 1 when it failed or
+no healthd answered, 4 when healthd has no route ID. It waits up to 30s
+unless --timeout is given.`,
 		Args: exactArgs(1, "a route id"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			wait := probeWait
@@ -126,7 +136,11 @@ exits 0 when the probe succeeded, 1 when it failed or no healthd answered,
 			ctx, cancel := context.WithTimeout(cmd.Context(), wait)
 			defer cancel()
 			return a.withClient(ctx, "gantry-route", func(c *client.Client) error {
-				probe, err := c.ProbeRoute(ctx, args[0])
+				var opts []client.ProbeOption
+				if apply {
+					opts = append(opts, client.ApplyProbe())
+				}
+				probe, err := c.ProbeRoute(ctx, args[0], opts...)
 				if err != nil {
 					return err
 				}
@@ -140,6 +154,8 @@ exits 0 when the probe succeeded, 1 when it failed or no healthd answered,
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&apply, "apply", false, "record the outcome like a scheduled probe (it may end or start a cooldown)")
+	return cmd
 }
 
 func (a *app) printProbe(reply client.RouteProbe) error {

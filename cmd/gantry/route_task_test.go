@@ -109,7 +109,7 @@ func TestHTTPTaskRouteAuto(t *testing.T) {
 	// wrong's exit IP is not the expected one: probed until its score
 	// (100 − 15 per failure) falls below 50, it is in COOLDOWN.
 	for range 3 {
-		if code, _, stderr := runInProcess(t, "route", "probe", "wrong", "--server", url); code != exitFailure || !strings.Contains(stderr, "wrong_exit") {
+		if code, _, stderr := runInProcess(t, "route", "probe", "wrong", "--apply", "--server", url); code != exitFailure || !strings.Contains(stderr, "wrong_exit") {
 			t.Fatalf("route probe wrong = exit %d, stderr %q; want exit 1, wrong_exit", code, stderr)
 		}
 	}

@@ -108,7 +108,7 @@ func TestHealthdAndRouteCommands(t *testing.T) {
 		t.Errorf("route ls printed the proxy password: %q", stdout)
 	}
 
-	code, stdout, stderr := runInProcess(t, "route", "probe", "good", "--json", "--server", env.URL)
+	code, stdout, stderr := runInProcess(t, "route", "probe", "good", "--apply", "--json", "--server", env.URL)
 	var reply struct {
 		Result struct {
 			OK bool `json:"ok"`

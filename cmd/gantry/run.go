@@ -17,11 +17,13 @@ func (a *app) runCommand() *cobra.Command {
 		Use:   "run",
 		Short: "Run the embedded broker and every component in one process",
 		Long: `Run starts the embedded NATS JetStream broker and every gantry component in
-one process, and logs a line containing "ready" once clients can connect and
-every component runs. SIGINT or SIGTERM drains and stops it.
+one process, and logs the line "gantry ready" (with the NATS and HTTP URLs)
+once clients can connect and every component runs. SIGINT or SIGTERM drains
+and stops it. It uses every section of the config file.
 
 The workers take the flags of 'gantry worker' (--queue, --concurrency,
---prioritize...): by default they run the queue "default".`,
+--prioritize...): by default they run the queue "default". Exec tasks'
+checkpoint files are under <data>/checkpoints.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.run(cmd.Context(), &sf, &wf, cmd.Flags().Changed)
@@ -34,10 +36,11 @@ The workers take the flags of 'gantry worker' (--queue, --concurrency,
 }
 
 func (a *app) run(ctx context.Context, sf *serverFlags, wf *workerFlags, changed func(name string) bool) error {
+	wf.dataDir = sf.dataDir
 	if _, err := wf.config(slog.New(slog.DiscardHandler)); err != nil {
 		return err
 	}
-	return a.serve(ctx, sf, func(p *process, b *broker.Broker, cfg *config.File, log *slog.Logger) error {
+	return a.serve(ctx, sf, allSections(), func(p *process, b *broker.Broker, cfg *config.File, log *slog.Logger) error {
 		// Keeper: registers the config's resources (an existing one keeps its
 		// state), records lease expiries (LEASE_EXPIRED) and returns resources
 		// whose holder's lease is gone to AVAILABLE (or FAULT, by policy).
@@ -83,12 +86,15 @@ func (a *app) run(ctx context.Context, sf *serverFlags, wf *workerFlags, changed
 
 		// Workers: run the tasks of the queues of the worker flags (see
 		// 'gantry worker --help') with the config's workers section under
-		// them; http tasks with a route go out through gantry_routes.
+		// them; http tasks with a route go out through gantry_routes, sql
+		// tasks to the config's databases.
 		workNC, workJS, err := p.connect(b, "workers")
 		if err != nil {
 			return err
 		}
-		wf.fromConfig(cfg, changed)
+		if err := wf.fromConfig(cfg, changed); err != nil {
+			return err
+		}
 		if err := p.addWorkers(ctx, wf, log, workNC, workJS); err != nil {
 			return err
 		}

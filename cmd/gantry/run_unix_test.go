@@ -37,7 +37,7 @@ func TestRunReadyAndSIGTERM(t *testing.T) {
 		}
 	}
 	for _, path := range []string{"/healthz", "/readyz"} {
-		resp, err := http.Get("http://" + ready.HTTP + path)
+		resp, err := http.Get(ready.HTTP + path)
 		if err != nil {
 			t.Fatalf("GET %s: %v", path, err)
 		}

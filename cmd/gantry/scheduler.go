@@ -79,9 +79,8 @@ func newScheduler(cfg scheduler.Config, js jetstream.JetStream) (*scheduler.Sche
 
 func (a *app) schedulerCommand() *cobra.Command {
 	var (
-		configPath string
-		httpListen string
-		sf         schedulerFlags
+		cf componentFlags
+		sf schedulerFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "scheduler [--config FILE]",
@@ -99,38 +98,37 @@ Run as many schedulers as you like: one leads, through a lease in the
 gantry_scheduler bucket (--leader-ttl); the others take over when it stops
 (at once) or dies (within the TTL). Every fire carries the task id and
 Nats-Msg-Id "<job>-<planned unix seconds>", so a fire is never doubled by a
-failover. See docs/scheduler.md for the policies.`,
+failover. See docs/scheduler.md for the policies.
+
+Started before its broker, the scheduler waits for it (--connect-timeout);
+it logs every loss and return of the broker.`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.scheduler(cmd.Context(), configPath, httpListen, &sf)
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return a.scheduler(cmd.Context(), &cf, &sf) },
 	}
-	cmd.Flags().StringVar(&configPath, "config", "", "YAML config file whose jobs to apply at start (see examples/gantry.yaml)")
-	httpFlag(cmd.Flags(), &httpListen)
+	cf.register(cmd, "jobs section (applied at start)")
 	sf.register(cmd)
 	return cmd
 }
 
-func (a *app) scheduler(ctx context.Context, configPath, httpListen string, sf *schedulerFlags) error {
+func (a *app) scheduler(ctx context.Context, cf *componentFlags, sf *schedulerFlags) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
 	}
-	cfg, err := (&serverFlags{configPath: configPath}).loadConfig()
+	cfg, err := cf.load()
 	var scfg scheduler.Config
 	if err == nil {
 		scfg, err = sf.config(cfg, log)
 	}
 	if err != nil {
-		if errors.Is(err, config.ErrInvalid) {
-			a.rejectSchedulerConfig(ctx, err)
-		}
+		a.rejectConfig(ctx, log, "scheduler", err)
 		return err
 	}
-	if err := a.checkComponentHTTP(httpListen); err != nil {
+	if err := a.checkComponentHTTP(cf.httpListen); err != nil {
 		return err
 	}
-	nc, js, err := a.client.connect("gantry-scheduler", componentOptions(log)...)
+	logSections(log, cf.configPath, cfg, "jobs")
+	nc, js, err := a.connectComponent(ctx, log, cf, "gantry-scheduler")
 	if err != nil {
 		return err
 	}
@@ -139,7 +137,7 @@ func (a *app) scheduler(ctx context.Context, configPath, httpListen string, sf *
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "jobs", len(scfg.Jobs))
 
 	// HTTP: /healthz and /readyz (unready while cut off from the broker).
-	if err := a.addComponentHTTP(p, httpListen, nc); err != nil {
+	if err := a.addComponentHTTP(p, cf.httpListen, nc); err != nil {
 		p.abort()
 		return err
 	}
@@ -177,18 +175,24 @@ func (p *process) addScheduler(cfg *config.File, log *slog.Logger, js jetstream.
 	return nil
 }
 
-// rejectSchedulerConfig records a config file the scheduler refused as a
-// CONFIG_REJECTED audit event, when the broker can be reached, so the
-// refusal is visible beyond this terminal.
-func (a *app) rejectSchedulerConfig(ctx context.Context, cfgErr error) {
-	nc, js, err := a.client.connect("gantry-scheduler")
+// rejectConfig records a config file component refused (an error matching
+// config.ErrInvalid) as a CONFIG_REJECTED audit event, when the broker can
+// be reached at once, so the refusal is visible beyond this terminal.
+func (a *app) rejectConfig(ctx context.Context, log *slog.Logger, component string, cfgErr error) {
+	if !errors.Is(cfgErr, config.ErrInvalid) {
+		return
+	}
+	nc, js, err := a.client.connect("gantry-" + component)
 	if err != nil {
 		return
 	}
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(ctx, a.client.timeout)
 	defer cancel()
-	_ = audit.NewEmitter(js, "scheduler", clock.Real{}).Emit(ctx, wire.Event{
+	err = audit.NewEmitter(js, component, clock.Real{}).Emit(ctx, wire.Event{
 		Type: wire.EventConfigRejected, Level: wire.LevelError, Message: cfgErr.Error(),
 	})
+	if err != nil {
+		log.Warn("config rejection not recorded", "err", err)
+	}
 }

@@ -127,6 +127,9 @@ func (s *serverFlags) startBroker(ctx context.Context, cfg *config.File, log *sl
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := b.Start(sctx); err != nil {
+		if errors.Is(err, broker.ErrListen) {
+			return nil, listenError("--nats-listen", "NATS_LISTEN", err)
+		}
 		return nil, fmt.Errorf("start broker: %w", err)
 	}
 	return b, nil
@@ -216,14 +219,22 @@ func hostOf(addr string) string {
 	return h
 }
 
+// listenError says what to do about an address a listener could not take
+// (exit 2): usually another process holds the port.
+func listenError(flag, makeVar string, err error) error {
+	return usageError("%s: %v\n  another process (a nats-server, another gantry) may hold the port: stop it, "+
+		"or choose a free one with %s HOST:PORT ('make run %s=127.0.0.1:PORT')", flag, err, flag, makeVar)
+}
+
 // components adds a process's components once the broker runs.
 type components func(p *process, b *broker.Broker, cfg *config.File, log *slog.Logger) error
 
-// serve runs a process that embeds the broker: it loads the config, starts
-// the broker, adds the signal handler, HTTP and the components, and runs
-// them until a signal. The broker starts before the group and stops after
-// every actor has returned, so shutdown never depends on interrupt order.
-func (a *app) serve(ctx context.Context, sf *serverFlags, add components) error {
+// serve runs a process that embeds the broker: it loads the config (of
+// which it uses the sections named in uses), starts the broker, adds the
+// signal handler, HTTP and the components, and runs them until a signal.
+// The broker starts before the group and stops after every actor has
+// returned, so shutdown never depends on interrupt order.
+func (a *app) serve(ctx context.Context, sf *serverFlags, uses []string, add components) error {
 	log, err := a.logger()
 	if err != nil {
 		return err
@@ -236,6 +247,7 @@ func (a *app) serve(ctx context.Context, sf *serverFlags, add components) error 
 	if sf.httpListen != "" && !broker.IsLoopback(hostOf(sf.httpListen)) && !cfg.Auth.Configured() {
 		return withCode(exitUsage, fmt.Errorf("%w: --http-listen %q is not a loopback address; configure users (auth.users in the config file) or listen on 127.0.0.1", broker.ErrInsecureListen, sf.httpListen))
 	}
+	logSections(log, sf.configPath, cfg, uses...)
 	b, err := sf.startBroker(ctx, cfg, log)
 	if err != nil {
 		return err

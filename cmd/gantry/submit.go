@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
+	"github.com/gantry-dev/gantry/internal/logging"
 )
 
 // submitFlags are the flags of 'gantry submit'.
@@ -20,6 +22,7 @@ type submitFlags struct {
 	maxAttempts, priority                                 int
 	wait, publishOnly                                     bool
 	waitTimeout                                           time.Duration
+	sql                                                   sqlFlags
 }
 
 func (a *app) submitCommand() *cobra.Command {
@@ -58,6 +61,7 @@ its key.`,
 	fl.StringVar(&f.notBefore, "not-before", "", "do not start before this RFC 3339 time")
 	fl.BoolVar(&f.wait, "wait", false, "wait for the task to end; exit 0 if it SUCCEEDED, 1 otherwise")
 	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "give up waiting after this long, exit 5 (0: wait until the end)")
+	f.sql.register(fl)
 	fl.BoolVar(&f.publishOnly, "publish-only", false, "only publish the task (no record, no key check until a worker takes it): what the submitter role allows")
 	return cmd
 }
@@ -82,6 +86,9 @@ func (f *submitFlags) task(typ string) (client.Task, error) {
 	}
 	payload, err := payloadFlag(f.payload)
 	if err != nil {
+		return client.Task{}, err
+	}
+	if payload, err = f.sql.apply(typ, payload); err != nil {
 		return client.Task{}, err
 	}
 	if payload != nil {
@@ -141,12 +148,18 @@ func (a *app) submit(ctx context.Context, typ string, f *submitFlags) error {
 			ctx, cancel = context.WithTimeout(ctx, f.waitTimeout)
 			defer cancel()
 		}
-		rec, err := c.Wait(ctx, sub.ID)
+		// On a terminal, a line follows the task's state; piped, nothing.
+		prog := startProgress(a.stderr, !a.json && logging.IsTerminal(a.stderr), sub.ID, 100*time.Millisecond)
+		rec, err := c.Wait(ctx, sub.ID, client.OnUpdate(prog.update))
+		prog.end()
+		if errors.Is(err, client.ErrGaveUp) && f.waitTimeout > 0 {
+			return withCode(exitWaitTimeout, fmt.Errorf("task %s has not ended within --wait-timeout %v; it goes on ('gantry task get %s')", sub.ID, f.waitTimeout, sub.ID))
+		}
 		if err != nil {
 			return err
 		}
 		if a.json {
-			if err := a.printJSON(rec); err != nil {
+			if err := a.printJSON(taskView(rec)); err != nil {
 				return err
 			}
 		} else {

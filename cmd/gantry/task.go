@@ -21,14 +21,27 @@ machine. States: WAITING, RUNNING, RETRY_WAIT, SUCCEEDED, NEEDS_REVIEW,
 CANCELLED. Attempts are the runs of the task (the broker's delivery count,
 less the deliveries that only delayed it). See docs/tasks.md.`,
 	}
-	cmd.AddCommand(a.taskGetCommand(), a.taskLsCommand(), a.taskRetryCommand(), a.taskCancelCommand())
+	cmd.AddCommand(a.taskGetCommand(), a.taskLsCommand(), a.taskRetryCommand(), a.taskCancelCommand(), a.taskLogsCommand())
 	return cmd
+}
+
+// taskOut is a task as --json prints it: the record, with the contract's
+// last_error and resource present even when empty (the stored record
+// omits them then).
+type taskOut struct {
+	client.TaskRecord
+	LastError string `json:"last_error"`
+	Resource  string `json:"resource"`
+}
+
+func taskView(r client.TaskRecord) taskOut {
+	return taskOut{TaskRecord: r, LastError: r.LastError, Resource: r.Resource}
 }
 
 func (a *app) taskGetCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "get ID",
-		Short: "Show a task: state, attempts, last error, output tail",
+		Short: "Show a task: state, attempts, last error, output tail, result",
 		Args:  exactArgs(1, "ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -38,7 +51,7 @@ func (a *app) taskGetCommand() *cobra.Command {
 					return err
 				}
 				if a.json {
-					return a.printJSON(rec)
+					return a.printJSON(taskView(rec))
 				}
 				rows := [][]string{
 					{"id", rec.ID}, {"type", rec.Type}, {"queue", rec.Queue}, {"state", string(rec.State)},
@@ -53,32 +66,47 @@ func (a *app) taskGetCommand() *cobra.Command {
 				if rec.Output != "" {
 					fmt.Fprintf(a.stdout, "\noutput (tail):\n%s\n", strings.TrimRight(rec.Output, "\n"))
 				}
-				return nil
+				return a.printResult(rec)
 			})
 		},
 	}
 }
 
 func (a *app) taskLsCommand() *cobra.Command {
-	var f client.TaskFilter
-	var state string
+	var (
+		f     client.TaskFilter
+		state string
+		p     pageFlags
+	)
 	cmd := &cobra.Command{
-		Use:   "ls [--state S] [--queue Q] [--type T] [--limit N]",
-		Short: "List tasks, oldest first",
+		Use:   "ls [--state S] [--queue Q] [--type T] [--limit N | --all]",
+		Short: "List the newest tasks (100 unless --limit or --all), oldest first",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := p.check(); err != nil {
+				return err
+			}
 			f.State = client.TaskState(strings.ToUpper(state))
+			if n := p.max(); n > 0 {
+				// One more than the page tells whether there are more.
+				f.Limit = n + 1
+			}
 			ctx := cmd.Context()
 			return a.withClient(ctx, "gantry-task", func(c *client.Client) error {
 				list, err := c.Tasks(ctx, f)
 				if err != nil {
 					return err
 				}
+				if n := p.max(); n > 0 && len(list) > n {
+					list = list[1:]
+					fmt.Fprintf(a.stderr, "showing the newest %d tasks: --limit N or --all for more\n", n)
+				}
 				if a.json {
-					if list == nil {
-						list = []client.TaskRecord{}
+					views := make([]taskOut, 0, len(list))
+					for _, r := range list {
+						views = append(views, taskView(r))
 					}
-					return a.printJSON(list)
+					return a.printJSON(views)
 				}
 				rows := make([][]string, 0, len(list))
 				for _, r := range list {
@@ -93,7 +121,7 @@ func (a *app) taskLsCommand() *cobra.Command {
 	fl.StringVar(&state, "state", "", "only tasks in this state")
 	fl.StringVar(&f.Queue, "queue", "", "only tasks of this queue")
 	fl.StringVar(&f.Type, "type", "", "only tasks of this type")
-	fl.IntVar(&f.Limit, "limit", 0, "only the newest N (0: all)")
+	p.register(fl, "tasks (the newest)")
 	return cmd
 }
 
@@ -113,7 +141,7 @@ another state exits 2; an unknown one exits 4.`,
 					return err
 				}
 				if a.json {
-					return a.printJSON(rec)
+					return a.printJSON(taskView(rec))
 				}
 				_, err = fmt.Fprintf(a.stdout, "task %s requeued\n", rec.ID)
 				return err
@@ -144,7 +172,7 @@ own --task-retention. A task that has ended exits 2; an unknown one exits 4.`,
 					return err
 				}
 				if a.json {
-					return a.printJSON(got.Task)
+					return a.printJSON(taskView(got.Task))
 				}
 				_, err = fmt.Fprintf(a.stdout, "task %s cancelled (was %s)\n", got.Task.ID, got.Was)
 				return err

@@ -228,7 +228,7 @@ func TestWorkerCommand(t *testing.T) {
 	t.Parallel()
 	_, ready := startGantry(t, "broker", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
 	url := ready.NATS
-	w, _ := startGantry(t, "worker", "--server", url, "--queue", "batch=2", "--ack-wait", "2s")
+	w, _ := startGantry(t, "worker", "--server", url, "--data", t.TempDir(), "--queue", "batch=2", "--ack-wait", "2s")
 	code, out, stderr := runInProcess(t, "submit", "exec", "--queue", "batch", "--wait", "--server", url,
 		"--payload", `{"cmd":["sh","-c","echo task=$GANTRY_TASK_ID"]}`)
 	if code != exitOK {
@@ -274,7 +274,7 @@ func TestWorkerFlags(t *testing.T) {
 	f := defaultWorkerFlags()
 	f.queues = []string{"default", "batch=3"}
 	f.typeLimits = []string{"scan=2"}
-	f.typePolicy = []string{"scan:max_attempts=2,backoff_base=3s,timeout=1m", "mail:delay=10s"}
+	f.typePolicy = []string{"scan:max_attempts=2,backoff_base=3s,timeout=1m", "mail:delay=10s,no_handler_delay=2s"}
 	cfg, err := f.config(brokertest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -286,8 +286,11 @@ func TestWorkerFlags(t *testing.T) {
 	if scan.Concurrency != 2 || scan.Policy.MaxAttempts != 2 || scan.Policy.BackoffBase != 3*time.Second || scan.Policy.Timeout != time.Minute {
 		t.Errorf("scan = %+v, want concurrency 2, 2 attempts, base 3s, timeout 1m", scan)
 	}
-	if mail := cfg.Queues[1].Types["mail"]; mail.Concurrency != 0 || mail.Policy.Delay != 10*time.Second {
-		t.Errorf("mail = %+v, want delay 10s", mail)
+	if mail := cfg.Queues[1].Types["mail"]; mail.Concurrency != 0 || mail.Policy.Delay != 10*time.Second || mail.Policy.NoHandlerDelay != 2*time.Second {
+		t.Errorf("mail = %+v, want delay 10s, no handler delay 2s", mail)
+	}
+	if cfg.Policy.NoHandlerDelay != 5*time.Second || cfg.HeartbeatWindow != 5*time.Second || cfg.MaxDelays != 1000 {
+		t.Errorf("no handler delay %v, heartbeat window %v, max delays %d; want 5s, 5s, 1000 by default", cfg.Policy.NoHandlerDelay, cfg.HeartbeatWindow, cfg.MaxDelays)
 	}
 	f.prioritize, f.window = []string{"batch"}, 50
 	if cfg, err = f.config(brokertest.Logger(t)); err != nil || cfg.Queues[0].Prioritized || !cfg.Queues[1].Prioritized || cfg.Queues[1].PriorityWindow != 50 {
@@ -327,6 +330,9 @@ func TestWorkerFlags(t *testing.T) {
 		func(f *workerFlags) { f.ackWait = time.Millisecond },
 		func(f *workerFlags) { f.prioritize = []string{"nope"} },
 		func(f *workerFlags) { f.window = 0 },
+		func(f *workerFlags) { f.noHandler = 0 },
+		func(f *workerFlags) { f.hbWindow = 0 },
+		func(f *workerFlags) { f.maxDelays = 0 },
 		func(f *workerFlags) { f.retention = retentionValue(1500 * time.Millisecond) },
 	} {
 		f := defaultWorkerFlags()

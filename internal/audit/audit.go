@@ -56,7 +56,7 @@ func (e *Emitter) Stamp(ev *wire.Event) {
 // stream's acknowledgement. The event id doubles as Nats-Msg-Id, so a retried
 // publish is stored once.
 func (e *Emitter) Emit(ctx context.Context, ev wire.Event) error {
-	msg, err := e.message(&ev)
+	msg, err := e.Message(&ev)
 	if err != nil {
 		return err
 	}
@@ -79,24 +79,12 @@ func (e *Emitter) Emit(ctx context.Context, ev wire.Event) error {
 // emitTry bounds one try of Emit's publish.
 const emitTry = 5 * time.Second
 
-// EmitAsync stamps ev and publishes it without waiting for the stream's
-// acknowledgement; the returned future reports it. Use it on hot paths and
-// check the futures (or jetstream.JetStream.PublishAsyncComplete) later.
-func (e *Emitter) EmitAsync(ev wire.Event) (jetstream.PubAckFuture, error) {
-	msg, err := e.message(&ev)
-	if err != nil {
-		return nil, err
-	}
-	f, err := e.js.PublishMsgAsync(msg)
-	if err != nil {
-		return nil, fmt.Errorf("publish audit event %s: %w", ev.Type, err)
-	}
-	return f, nil
-}
-
-func (e *Emitter) message(ev *wire.Event) (*nats.Msg, error) {
+// Message stamps ev and returns it as a message for the audit stream, with
+// the event id as Nats-Msg-Id, for a caller that publishes it without
+// waiting (internal/asyncpub).
+func (e *Emitter) Message(ev *wire.Event) (*nats.Msg, error) {
 	e.Stamp(ev)
-	data, err := wire.EncodeEvent(ev)
+	data, err := json.Marshal(ev)
 	if err != nil {
 		return nil, fmt.Errorf("encode audit event %s: %w", ev.Type, err)
 	}

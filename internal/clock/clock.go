@@ -165,3 +165,18 @@ func (t *fakeTimer) Reset(d time.Duration) bool {
 	t.f.schedule(t, d)
 	return was
 }
+
+// Round rounds d for a person to read: to the second from a minute up
+// ("4m0s", not "3m59.953555092s"), to a tenth of a second from a second
+// up, to the millisecond below that.
+func Round(d time.Duration) time.Duration {
+	switch a := d.Abs(); {
+	case a >= time.Minute:
+		return d.Round(time.Second)
+	case a >= time.Second:
+		return d.Round(100 * time.Millisecond)
+	case a >= time.Millisecond:
+		return d.Round(time.Millisecond)
+	}
+	return d
+}

@@ -47,3 +47,19 @@ func TestFakeFiresInOrder(t *testing.T) {
 		t.Errorf("Timers = %d, want 0", got)
 	}
 }
+
+func TestRound(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want time.Duration }{
+		{3*time.Minute + 59953555092*time.Nanosecond, 4 * time.Minute},
+		{1234567 * time.Microsecond, 1200 * time.Millisecond},
+		{30 * time.Second, 30 * time.Second},
+		{1500 * time.Microsecond, 2 * time.Millisecond},
+		{250 * time.Nanosecond, 250 * time.Nanosecond},
+		{-90500 * time.Millisecond, -91 * time.Second},
+	} {
+		if got := Round(tc.in); got != tc.want {
+			t.Errorf("Round(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}

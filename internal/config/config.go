@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -187,11 +188,27 @@ var Roles = []string{"operator", "worker", "scheduler", "healthd", "auditd", "su
 // resourceID is what a resource id may hold: it is a KV key.
 var resourceID = regexp.MustCompile(`^[-/_=A-Za-z0-9]+$`)
 
-// Database is a database sql tasks may use.
+// Database is a database sql tasks may use (see database.go and
+// docs/sql.md). Exactly one of DSN, DSNEnv and DSNFile gives its data
+// source name.
 type Database struct {
-	Name   string `yaml:"name"`
+	// Name is what a sql task's payload names in db: letters, digits, '-'
+	// and '_'.
+	Name string `yaml:"name"`
+	// Driver is sqlite, postgres, sqlserver or mysql.
 	Driver string `yaml:"driver"`
-	DSN    string `yaml:"dsn"`
+	// DSN is the data source name as written in this file: fine for a
+	// SQLite file, but a password here is readable by anyone who can read
+	// the file.
+	DSN string `yaml:"dsn"`
+	// DSNEnv names an environment variable holding the DSN.
+	DSNEnv string `yaml:"dsn_env"`
+	// DSNFile names a file holding the DSN (surrounding whitespace is
+	// trimmed); a relative path is relative to this config file.
+	DSNFile string `yaml:"dsn_file"`
+	// MaxOpen bounds the connections of each worker's pool for it.
+	// Defaults to 4.
+	MaxOpen int `yaml:"max_open"`
 }
 
 // Job is a scheduled job as the config file writes it. Definition turns it
@@ -313,6 +330,11 @@ func Load(path string) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
+	for i, d := range f.Databases {
+		if d.DSNFile != "" && !filepath.IsAbs(d.DSNFile) {
+			f.Databases[i].DSNFile = filepath.Join(filepath.Dir(path), d.DSNFile)
+		}
+	}
 	return f, nil
 }
 
@@ -392,10 +414,13 @@ func (f *File) validate() error {
 	}
 	dbs := map[string]bool{}
 	for i, d := range f.Databases {
-		if d.Name == "" || dbs[d.Name] {
-			return fmt.Errorf("databases[%d]: name %q must be set and unique", i, d.Name)
+		if dbs[d.Name] {
+			return fmt.Errorf("databases[%d]: duplicate name %q", i, d.Name)
 		}
 		dbs[d.Name] = true
+		if err := d.validate(i); err != nil {
+			return err
+		}
 	}
 	names := map[string]bool{}
 	for i, j := range f.Jobs {

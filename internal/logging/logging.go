@@ -1,5 +1,6 @@
 // Package logging builds gantry's one slog handler: tint on a terminal, JSON
-// otherwise.
+// otherwise. Durations read as Go duration strings in both ("30s"), rounded
+// for people in text.
 package logging
 
 import (
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/lmittmann/tint"
+
+	"github.com/gantry-dev/gantry/internal/clock"
 )
 
 // Format is a log output format.
@@ -32,7 +35,7 @@ func New(w io.Writer, format Format, level string) (*slog.Logger, error) {
 	}
 	switch format {
 	case FormatAuto, "":
-		if isTerminal(w) {
+		if IsTerminal(w) {
 			format = FormatText
 		} else {
 			format = FormatJSON
@@ -43,15 +46,34 @@ func New(w io.Writer, format Format, level string) (*slog.Logger, error) {
 	}
 	if format == FormatText {
 		return slog.New(tint.NewTextHandler(w, &tint.Options{
-			Level:      lvl,
-			TimeFormat: time.TimeOnly,
-			NoColor:    !isTerminal(w),
+			Level:       lvl,
+			TimeFormat:  time.TimeOnly,
+			NoColor:     !IsTerminal(w),
+			ReplaceAttr: durations(clock.Round),
 		})), nil
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: lvl})), nil
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{
+		Level:       lvl,
+		ReplaceAttr: durations(func(d time.Duration) time.Duration { return d }),
+	})), nil
 }
 
-func isTerminal(w io.Writer) bool {
+// durations writes time.Duration values as Go duration strings ("30s",
+// not 30000000000), after round: text logs round them for people
+// (clock.Round), JSON logs keep them exact, in a form time.ParseDuration
+// reads back.
+func durations(round func(time.Duration) time.Duration) func([]string, slog.Attr) slog.Attr {
+	return func(_ []string, a slog.Attr) slog.Attr {
+		if a.Value.Kind() == slog.KindDuration {
+			a.Value = slog.StringValue(round(a.Value.Duration()).String())
+		}
+		return a
+	}
+}
+
+// IsTerminal reports whether w is a terminal (a character device), where
+// people read: colours, progress lines.
+func IsTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false

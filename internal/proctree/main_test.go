@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -15,6 +14,8 @@ import (
 const helperEnv = "GANTRY_PROCTREE_HELPER"
 
 func TestMain(m *testing.M) {
+	// The test binary is the shim of the Subreaper trees the tests start.
+	ShimMain()
 	if role := os.Getenv(helperEnv); role != "" {
 		os.Exit(helper(role))
 	}
@@ -22,23 +23,28 @@ func TestMain(m *testing.M) {
 }
 
 // helper plays a role in a test that needs a process of its own. "parent"
-// starts `sleep 300` as a tree, writes its pid to $PIDFILE and waits for
+// starts $SCRIPT with sh as a tree contained by $CONTAINMENT and waits for
 // it, so that a test can kill the parent and watch what becomes of the
-// child.
+// tree.
 func helper(role string) int {
 	if role != "parent" {
 		fmt.Fprintf(os.Stderr, "unknown helper role %q\n", role)
 		return 2
 	}
-	cmd := exec.Command("sleep", "300")
-	tree, err := Start(cmd)
+	shim, err := os.Executable()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := os.WriteFile(os.Getenv("PIDFILE"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
+	s, err := New(Config{Containment: Containment(os.Getenv("CONTAINMENT")), Shim: shim})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		_ = tree.Kill()
+		return 1
+	}
+	tree, err := s.Start(exec.Command("sh", "-c", os.Getenv("SCRIPT")))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	_ = tree.Wait()
 	return 1

@@ -2,6 +2,7 @@ package proxytest
 
 import (
 	"bufio"
+	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -22,7 +23,8 @@ type Kind int
 
 // The proxy kinds.
 const (
-	// HTTPConnect answers HTTP CONNECT requests.
+	// HTTPConnect is an HTTP proxy: it answers CONNECT requests with a
+	// tunnel and forwards plain http requests (absolute form).
 	HTTPConnect Kind = iota
 	// SOCKS5 answers SOCKS5 CONNECT commands (RFC 1928, 1929).
 	SOCKS5
@@ -38,6 +40,11 @@ type Proxy struct {
 	deny  atomic.Bool
 	user  string
 	pass  string
+
+	// upstream forwards plain http requests; ctx ends them on Close.
+	upstream *http.Transport
+	ctx      context.Context
+	cancel   context.CancelFunc
 
 	tunnels  atomic.Int64
 	requests atomic.Int64
@@ -63,7 +70,9 @@ func Start(t testing.TB, kind Kind, opts ...Option) *Proxy {
 	if err != nil {
 		t.Fatalf("proxy listen: %v", err)
 	}
-	p := &Proxy{kind: kind, ln: ln, conns: map[net.Conn]struct{}{}, targets: map[string]int64{}, done: make(chan struct{})}
+	p := &Proxy{kind: kind, ln: ln, conns: map[net.Conn]struct{}{}, targets: map[string]int64{}, done: make(chan struct{}),
+		upstream: &http.Transport{DisableCompression: true}}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 	for _, o := range opts {
 		o(p)
 	}
@@ -96,15 +105,18 @@ func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 // SetHang makes the proxy accept connections and never answer.
 func (p *Proxy) SetHang(on bool) { p.hang.Store(on) }
 
-// SetDeny makes the proxy refuse every tunnel (403 for CONNECT, "connection
-// not allowed by ruleset" for SOCKS5).
+// SetDeny makes the proxy refuse every tunnel and forwarded request (403
+// with a Proxy-Status error for HTTP, "connection not allowed by ruleset"
+// for SOCKS5).
 func (p *Proxy) SetDeny(on bool) { p.deny.Store(on) }
 
-// Tunnels returns how many tunnels the proxy has opened to a target.
+// Tunnels returns how many tunnels the proxy has opened to a target, a
+// forwarded request counting as one.
 func (p *Proxy) Tunnels() int64 { return p.tunnels.Load() }
 
 // TunnelsTo returns how many tunnels the proxy has opened to addr
-// (host:port as the client asked for it).
+// (host:port as the client asked for it), a forwarded request counting as
+// one.
 func (p *Proxy) TunnelsTo(addr string) int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -133,12 +145,14 @@ func (p *Proxy) Close() {
 	default:
 	}
 	close(p.done)
+	p.cancel()
 	_ = p.ln.Close()
 	for c := range p.conns {
 		_ = c.Close()
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
+	p.upstream.CloseIdleConnections()
 }
 
 func (p *Proxy) track(c net.Conn) bool {
@@ -215,6 +229,9 @@ func (p *Proxy) wait() bool {
 	}
 }
 
+// connect serves one client connection of an HTTP proxy: a CONNECT
+// request opens a tunnel; requests in absolute form (plain http targets)
+// are forwarded one by one.
 func (p *Proxy) connect(c net.Conn) {
 	br := bufio.NewReader(c)
 	req, err := http.ReadRequest(br)
@@ -222,26 +239,19 @@ func (p *Proxy) connect(c net.Conn) {
 		return
 	}
 	if req.Method != http.MethodConnect {
-		_, _ = io.WriteString(c, "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
-		return
-	}
-	if p.user != "" {
-		want := "Basic " + base64.StdEncoding.EncodeToString([]byte(p.user+":"+p.pass))
-		if req.Header.Get("Proxy-Authorization") != want {
-			_, _ = io.WriteString(c, "HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
-			return
+		if req.URL.IsAbs() {
+			p.forward(c, br, req)
+		} else {
+			refuse(c, http.StatusMethodNotAllowed, "http_request_error")
 		}
-	}
-	if !p.wait() {
 		return
 	}
-	if p.deny.Load() {
-		_, _ = io.WriteString(c, "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+	if !p.admit(c, req) {
 		return
 	}
 	up, err := net.DialTimeout("tcp", req.Host, 5*time.Second)
 	if err != nil {
-		_, _ = io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+		refuse(c, http.StatusBadGateway, "destination_unavailable")
 		return
 	}
 	p.opened(req.Host)
@@ -250,6 +260,65 @@ func (p *Proxy) connect(c net.Conn) {
 		return
 	}
 	p.pipe(c, br, up)
+}
+
+// admit checks req's credentials, waits the delay and applies deny,
+// answering the client itself when req goes no further.
+func (p *Proxy) admit(c net.Conn, req *http.Request) bool {
+	if p.user != "" {
+		want := "Basic " + base64.StdEncoding.EncodeToString([]byte(p.user+":"+p.pass))
+		if req.Header.Get("Proxy-Authorization") != want {
+			refuse(c, http.StatusProxyAuthRequired, "proxy_auth_required")
+			return false
+		}
+	}
+	if !p.wait() {
+		return false
+	}
+	if p.deny.Load() {
+		refuse(c, http.StatusForbidden, "destination_ip_prohibited")
+		return false
+	}
+	return true
+}
+
+// refuse answers with status and a Proxy-Status header naming the error
+// (RFC 9209), as proxies do for the errors they generate themselves.
+func refuse(c net.Conn, status int, proxyErr string) {
+	_, _ = io.WriteString(c, "HTTP/1.1 "+strconv.Itoa(status)+" "+http.StatusText(status)+
+		"\r\nProxy-Status: proxytest; error="+proxyErr+"\r\nContent-Length: 0\r\n\r\n")
+}
+
+// forward sends req, and each further request the client sends on c, to
+// its target and copies the answer back, as a plain HTTP proxy does; the
+// connections to the targets are kept alive and reused.
+func (p *Proxy) forward(c net.Conn, br *bufio.Reader, req *http.Request) {
+	for {
+		if !p.admit(c, req) {
+			return
+		}
+		target := req.URL.Host
+		if req.URL.Port() == "" {
+			target = net.JoinHostPort(req.URL.Hostname(), "80")
+		}
+		req.RequestURI = ""
+		req.Header.Del("Proxy-Authorization")
+		req.Header.Del("Proxy-Connection")
+		resp, err := p.upstream.RoundTrip(req.WithContext(p.ctx))
+		if err != nil {
+			refuse(c, http.StatusBadGateway, "destination_unavailable")
+			return
+		}
+		p.opened(target)
+		err = resp.Write(c)
+		_ = resp.Body.Close()
+		if err != nil || resp.Close || req.Close {
+			return
+		}
+		if req, err = http.ReadRequest(br); err != nil {
+			return
+		}
+	}
 }
 
 func (p *Proxy) socks(c net.Conn) {

@@ -52,6 +52,8 @@ type Result struct {
 	Err error
 	// Output is what the handler kept with Task.SetOutput.
 	Output string
+	// Result is what the handler kept with Task.SetResult, or nil.
+	Result json.RawMessage
 	// Checkpoint is the task's checkpoint after the attempt, or nil.
 	Checkpoint *wire.Checkpoint
 }
@@ -78,7 +80,7 @@ func Run(ctx context.Context, h workers.Handler, t Task) Result {
 	err := h.Run(ctx, task)
 	class, after := workers.Classify(err)
 	cp, _ := cps.Load(context.Background(), task.ID)
-	return Result{Class: class, RetryAfter: after, Err: err, Output: task.Output(), Checkpoint: cp}
+	return Result{Class: class, RetryAfter: after, Err: err, Output: task.Output(), Result: task.Result(), Checkpoint: cp}
 }
 
 // Checkpoints keeps checkpoints and operation keys in memory. It is safe

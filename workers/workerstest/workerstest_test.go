@@ -2,6 +2,7 @@ package workerstest_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -49,11 +50,12 @@ func TestTaskFieldsAndOutput(t *testing.T) {
 			return workers.Permanent(errors.New("no deadline"))
 		}
 		task.SetOutput("resized")
+		task.SetResult(json.RawMessage(`{"w":64}`))
 		return task.SaveCheckpoint(ctx, wire.Checkpoint{Stage: "done"})
 	})
 	res := workerstest.Run(context.Background(), h, workerstest.Task{ID: "t1", Type: "resize", Attempt: 2, Payload: `{"w":64}`})
-	if res.Class != workers.ClassSucceeded || res.Output != "resized" || res.Checkpoint == nil || res.Checkpoint.Stage != "done" {
-		t.Errorf("Run = %+v, want succeeded with output and checkpoint", res)
+	if res.Class != workers.ClassSucceeded || res.Output != "resized" || string(res.Result) != `{"w":64}` || res.Checkpoint == nil || res.Checkpoint.Stage != "done" {
+		t.Errorf("Run = %+v, want succeeded with output, result and checkpoint", res)
 	}
 }
 
