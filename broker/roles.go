@@ -151,6 +151,7 @@ func RolePermissions(r Role) (Permissions, error) {
 		pub = append(pub, kvWrite(wire.BucketCheckpoints)...)
 		pub = append(pub, kvWrite(wire.BucketLeases)...)
 		pub = append(pub, kvWrite(wire.BucketResources)...)
+		pub = append(pub, kvWrite(wire.BucketWaiters)...)
 		pub = append(pub, kvRead(wire.BucketRoutes)...)
 		pub = append(pub, events("task", "resource")...)
 		return Permissions{PublishAllow: pub,

@@ -252,7 +252,8 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 			w.sorters[q.Name] = newSorter(w, q, w.consumers)
 		}
 	}
-	if w.pub, err = asyncpub.New(nc, asyncpub.Config{MaxPending: maxPendingWrites, Timeout: ackTimeout, Logger: cfg.Logger}); err != nil {
+	if w.pub, err = asyncpub.New(nc, asyncpub.Config{MaxPending: maxPendingWrites, Timeout: ackTimeout,
+		Patience: persistFor, Logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("workers: %w", err)
 	}
 	w.handlers["noop"] = HandlerFunc(w.runNoop)

@@ -48,7 +48,7 @@ func spawn(t testing.TB, name string, args ...string) *proc {
 			p.lines = append(p.lines, line)
 			p.mu.Unlock()
 			var l logLine
-			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "ready" {
+			if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == readyMsg {
 				select {
 				case p.ready <- l:
 				default:

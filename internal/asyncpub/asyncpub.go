@@ -74,6 +74,11 @@ type Config struct {
 	// Retries is how many times a failed publish is published again,
 	// synchronously, before it is logged as lost. Defaults to 1.
 	Retries int
+	// Patience is how long a republish waits for a stream that does not
+	// answer now (a cluster electing the stream's new leader, a reply lost
+	// with a broker that died), trying again, before it counts as a
+	// failed retry. Defaults to 0: it is not waited for.
+	Patience time.Duration
 	// Logger receives the publishes that failed for good. Defaults to
 	// discarding them.
 	Logger *slog.Logger
@@ -376,22 +381,13 @@ func (p *Publisher) republish(ctx context.Context, m *nats.Msg, id string, cause
 	}
 	c := withMsgID(m, id)
 	err := cause
-	// A stream failing over (no leader yet, a reply lost with a broker
-	// that died) is waited for, up to failoverWait, within each retry.
-	fctx, cancel := context.WithTimeout(ctx, failoverWait)
-	defer cancel()
 	for range p.cfg.Retries {
-		var ack *jetstream.PubAck
-		perr := kv.Retry(fctx, p.cfg.Timeout, func(ctx context.Context) error {
-			var err error
-			ack, err = p.js.PublishMsg(ctx, c)
-			return err
-		})
+		ack, perr := p.publishPatiently(ctx, c)
 		if perr == nil {
 			return ack, nil
 		}
 		err = errors.Join(cause, perr)
-		if ctx.Err() != nil || fctx.Err() != nil {
+		if ctx.Err() != nil {
 			break
 		}
 	}
@@ -399,9 +395,27 @@ func (p *Publisher) republish(ctx context.Context, m *nats.Msg, id string, cause
 	return nil, err
 }
 
-// failoverWait bounds how long a republish waits for a stream that fails
-// over: longer than a cluster takes to elect a new leader.
-const failoverWait = time.Minute
+// publishPatiently publishes m, waiting up to Patience for a stream that
+// does not answer now.
+func (p *Publisher) publishPatiently(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, error) {
+	var ack *jetstream.PubAck
+	publish := func(ctx context.Context) error {
+		var err error
+		ack, err = p.js.PublishMsg(ctx, m)
+		return err
+	}
+	var err error
+	if p.cfg.Patience <= 0 {
+		rctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+		defer cancel()
+		err = publish(rctx)
+	} else {
+		pctx, cancel := context.WithTimeout(ctx, p.cfg.Patience)
+		defer cancel()
+		err = kv.Retry(pctx, p.cfg.Timeout, publish)
+	}
+	return ack, err
+}
 
 // withMsgID is a copy of m without its reply subject, its headers
 // included, with the Nats-Msg-Id id (none when id is empty).
