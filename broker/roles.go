@@ -120,12 +120,13 @@ func events(kinds ...string) []string {
 }
 
 // readAll is what reading everything takes: every bucket, the streams'
-// info, the audit stream (tail), service discovery and the audit queries.
+// info, the audit stream (tail), service discovery, the audit queries and
+// a running task's recent output.
 func readAll() []string {
 	p := []string{jsInfo, jsAPI + "STREAM.NAMES", jsAPI + "STREAM.LIST",
 		jsAPI + "STREAM.INFO." + wire.StreamTasks, jsAPI + "CONSUMER.INFO." + wire.StreamTasks + ".>",
 		jsAPI + "CONSUMER.NAMES." + wire.StreamTasks, jsAPI + "CONSUMER.LIST." + wire.StreamTasks,
-		wire.SubjectAuditQuery, wire.SubjectAuditStats,
+		wire.SubjectAuditQuery, wire.SubjectAuditStats, wire.SubjectTaskOutput,
 		"$SRV.PING", "$SRV.PING.>", "$SRV.INFO", "$SRV.INFO.>", "$SRV.STATS", "$SRV.STATS.>"}
 	p = append(p, streamRead(wire.StreamAudit)...)
 	for _, b := range wire.Buckets {
@@ -135,8 +136,8 @@ func readAll() []string {
 }
 
 // readSubscribe is what a reader subscribes to: its replies, and the live
-// audit and health subjects.
-var readSubscribe = []string{inboxAll, wire.SubjectAuditAll, wire.SubjectHealthAll}
+// audit, health and task output subjects.
+var readSubscribe = []string{inboxAll, wire.SubjectAuditAll, wire.SubjectHealthAll, wire.SubjectOutputAll}
 
 // RolePermissions returns the permissions of r.
 func RolePermissions(r Role) (Permissions, error) {
@@ -144,7 +145,7 @@ func RolePermissions(r Role) (Permissions, error) {
 	case RoleOperator:
 		return Permissions{PublishAllow: []string{">"}, SubscribeAllow: []string{">"}}, nil
 	case RoleWorker:
-		pub := []string{jsInfo, wire.SubjectTasksAll, wire.SubjectReadyAll,
+		pub := []string{jsInfo, wire.SubjectTasksAll, wire.SubjectReadyAll, wire.SubjectOutputAll,
 			wire.SubjectHandlersPrefix + ".>", wire.SubjectRouteReportPrefix + ".>"}
 		pub = append(pub, streamConsume(wire.StreamTasks)...)
 		pub = append(pub, kvWrite(wire.BucketTasks)...)
@@ -155,7 +156,7 @@ func RolePermissions(r Role) (Permissions, error) {
 		pub = append(pub, kvRead(wire.BucketRoutes)...)
 		pub = append(pub, events("task", "resource")...)
 		return Permissions{PublishAllow: pub,
-			SubscribeAllow: []string{inboxAll, wire.SubjectTaskCancel, advisories, elections, srvAll},
+			SubscribeAllow: []string{inboxAll, wire.SubjectTaskCancel, wire.SubjectTaskOutput, advisories, elections, srvAll},
 			Responses:      true}, nil
 	case RoleScheduler:
 		pub := []string{jsInfo, wire.SubjectTasksAll, wire.SubjectTaskCancel,
