@@ -43,10 +43,63 @@ var ErrInsecureListen = errors.New("listening beyond loopback needs authenticati
 // machine's); Start returns it within a moment, not after ReadyTimeout.
 var ErrListen = errors.New("cannot listen")
 
-// User is a NATS user the broker accepts.
+// User is a NATS user the broker accepts: a name and password, or an
+// NKey (its public key; the client proves it holds the seed).
 type User struct {
 	Name     string
 	Password string
+	// NKey is the user's public NKey (U...), instead of Name and Password.
+	NKey string
+	// Role is what the user may do. Defaults to RoleOperator.
+	Role Role
+}
+
+// TLS is a listener's certificate and key, and the CA that verifies the
+// certificates of its peers.
+type TLS struct {
+	// Cert and Key are PEM files: the certificate the listener presents.
+	Cert, Key string
+	// CA is a PEM file of the CA certificates peers' certificates must
+	// chain to (and, for the side that dials, the server's).
+	CA string
+	// Verify requires a client certificate signed by CA. Routes between
+	// cluster members always verify both sides.
+	Verify bool
+}
+
+// Cluster makes the broker a member of a JetStream cluster.
+type Cluster struct {
+	// Name names the cluster; every member uses the same. Defaults to
+	// "gantry".
+	Name string
+	// Listen is the host:port other members' routes connect to.
+	Listen string
+	// Routes are the other members' cluster URLs (nats-route://host:port
+	// or nats://host:port); listing this member too is harmless.
+	Routes []string
+	// TLS secures the routes, verifying both sides. Required when Listen
+	// is beyond loopback.
+	TLS *TLS
+}
+
+// Leaf attaches the broker to a hub as a leafnode, or lets leaf brokers
+// attach to it.
+type Leaf struct {
+	// Listen is the host:port leaf brokers attach to (on the hub).
+	Listen string
+	// TLS secures Listen.
+	TLS *TLS
+	// Remotes are the hub's leafnode URLs (nats-leaf://[user:pass@]host:port)
+	// this broker attaches to (on a leaf desktop). Only JetStream traffic
+	// between the domains crosses: gantry's subjects stay on each side.
+	Remotes []string
+	// Credentials is a creds file the leaf authenticates to the hub with.
+	Credentials string
+	// RemoteTLS is the CA (and client certificate) of the link to the hub.
+	RemoteTLS *TLS
+	// Sources are the JetStream domains of the leaf brokers whose audit
+	// streams the hub's GANTRY_AUDIT sources (on the hub).
+	Sources []string
 }
 
 // Config configures a Broker.
@@ -70,10 +123,24 @@ type Config struct {
 	// allow listening beyond loopback. Defaults to none (no authentication,
 	// loopback only).
 	Users []User
+	// Operator, when set, runs the broker in NATS operator mode: users are
+	// creds files (JWTs) signed by its account, instead of Users.
+	Operator *Operator
+	// TLS, when set, makes the client listener require TLS.
+	TLS *TLS
 	// ServerName names this server; required to tell servers of a cluster
 	// apart. Defaults to "gantry-" and the listen port.
 	ServerName string
-	// Replicas is the replica count of every stream and bucket. Defaults to 1.
+	// Cluster, when set, makes the broker a member of a JetStream cluster.
+	Cluster *Cluster
+	// Leaf attaches the broker to a hub, or lets leaf brokers attach.
+	Leaf *Leaf
+	// Domain is the broker's JetStream domain: a leaf broker has its own,
+	// so that its streams stay apart from the hub's. Defaults to none.
+	Domain string
+	// Replicas is the replica count of every stream and bucket. Defaults to
+	// 0: 3 once the cluster has 3 servers or more, else 1; an existing
+	// stream is never lowered by the default, only by an explicit count.
 	Replicas int
 	// MaxPayload bounds one message, in bytes. Defaults to 1 MiB.
 	MaxPayload int32
@@ -93,6 +160,10 @@ type Broker struct {
 	host         string
 	port         int
 	internalUser User
+	// internalJWT and internalSeed are the in-process user in operator
+	// mode.
+	internalJWT  string
+	internalSeed []byte
 
 	// mu guards started and srv: Start claims the broker and sets srv
 	// under it, so a Shutdown during Start finds the server.
@@ -100,6 +171,10 @@ type Broker struct {
 	started      bool
 	srv          *server.Server
 	shutdownOnce sync.Once
+	// stopWatch ends the cluster size watch; watched is closed when it
+	// has returned.
+	stopWatch context.CancelFunc
+	watched   chan struct{}
 	// fatal receives the server's first fatal error (a listener that
 	// could not start), which it logs and does not return.
 	fatal chan error
@@ -115,7 +190,6 @@ func New(cfg Config) (*Broker, error) {
 	cfg.Listen = cmp.Or(cfg.Listen, "127.0.0.1:4222")
 	cfg.Sync = cmp.Or(cfg.Sync, SyncInterval)
 	cfg.SyncInterval = cmp.Or(cfg.SyncInterval, time.Second)
-	cfg.Replicas = cmp.Or(cfg.Replicas, 1)
 	cfg.MaxPayload = cmp.Or(cfg.MaxPayload, 1<<20)
 	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, 10*time.Second)
 	if cfg.Logger == nil {
@@ -135,16 +209,8 @@ func New(cfg Config) (*Broker, error) {
 	if err != nil || port < 0 || port > 65535 {
 		return nil, fmt.Errorf("broker: listen address %q: bad port", cfg.Listen)
 	}
-	if !cfg.DontListen && !IsLoopback(host) && len(cfg.Users) == 0 {
-		return nil, fmt.Errorf("broker: %w: %q is not a loopback address; configure users (auth.users in the config file) or listen on 127.0.0.1", ErrInsecureListen, cfg.Listen)
-	}
-	for _, u := range cfg.Users {
-		if u.Name == "" || u.Password == "" {
-			return nil, errors.New("broker: every user needs a name and a password")
-		}
-		if u.Name == internalUserName {
-			return nil, fmt.Errorf("broker: user name %q is reserved", internalUserName)
-		}
+	if err := cfg.validate(host); err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
@@ -177,22 +243,13 @@ func randomSecret() string {
 // down. A broker starts once: a second Start, even after a failed one or a
 // Shutdown, returns lifecycle.ErrAlreadyRun.
 func (b *Broker) Start(ctx context.Context) error {
-	opts := &server.Options{
-		ServerName:             b.cfg.ServerName,
-		Host:                   b.host,
-		Port:                   b.port,
-		DontListen:             b.cfg.DontListen,
-		NoSigs:                 true,
-		JetStream:              true,
-		StoreDir:               b.cfg.DataDir,
-		SyncAlways:             b.cfg.Sync == SyncAlways,
-		SyncInterval:           b.cfg.SyncInterval,
-		MaxPayload:             b.cfg.MaxPayload,
-		DisableJetStreamBanner: true,
+	opts, err := b.serverOptions()
+	if err != nil {
+		return fmt.Errorf("broker: %w", err)
 	}
-	if len(b.cfg.Users) > 0 {
-		for _, u := range append([]User{b.internalUser}, b.cfg.Users...) {
-			opts.Users = append(opts.Users, &server.User{Username: u.Name, Password: u.Password})
+	if b.cfg.Cluster != nil {
+		if err := checkClusterable(b.cfg.DataDir); err != nil {
+			return fmt.Errorf("broker: %w", err)
 		}
 	}
 	srv, err := b.newServer(opts)
@@ -204,18 +261,115 @@ func (b *Broker) Start(ctx context.Context) error {
 		b.Shutdown()
 		return err
 	}
+	if err := b.provision(ctx, srv); err != nil {
+		b.Shutdown()
+		return err
+	}
+	attrs := []any{"url", b.ClientURL(), "data_dir", b.cfg.DataDir, "sync", string(b.cfg.Sync), "server_name", b.cfg.ServerName}
+	if b.cfg.Cluster != nil {
+		attrs = append(attrs, "cluster", srv.ClusterAddr().String())
+	}
+	if b.cfg.Domain != "" {
+		attrs = append(attrs, "domain", b.cfg.Domain)
+	}
+	b.log.Info("broker started", attrs...)
+	return nil
+}
+
+// followLeader is how long a cluster member that does not lead waits for
+// the meta leader to provision before it provisions itself.
+const followLeader = 10 * time.Second
+
+// sizeWatchInterval is how often a cluster member checks whether the
+// cluster grew enough to raise the streams' replicas.
+const sizeWatchInterval = 2 * time.Second
+
+// watchSize raises every stream and bucket to AutoReplicas of the
+// cluster's size when the cluster grows (a third member joins two), until
+// Shutdown.
+func (b *Broker) watchSize(srv *server.Server, size int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	b.stopWatch, b.watched = cancel, make(chan struct{})
+	go func() {
+		defer close(b.watched)
+		t := time.NewTicker(sizeWatchInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			jsz, err := srv.Jsz(nil)
+			if err != nil || jsz.Meta == nil || AutoReplicas(jsz.Meta.Size) <= AutoReplicas(size) {
+				continue
+			}
+			if err := b.provisionAt(ctx, jsz.Meta.Size); err != nil {
+				b.log.Warn("raise replicas", "cluster_size", jsz.Meta.Size, "err", err)
+				continue
+			}
+			size = jsz.Meta.Size
+			b.log.Info("cluster grew: streams and buckets raised", "cluster_size", size, "replicas", AutoReplicas(size))
+		}
+	}()
+}
+
+// provision waits for JetStream (in a cluster: for a meta leader) and
+// provisions every stream and bucket with the replica count the cluster's
+// size calls for.
+func (b *Broker) provision(ctx context.Context, srv *server.Server) error {
+	if b.cfg.Cluster != nil {
+		b.log.Info("waiting for the JetStream cluster to elect a meta leader")
+	}
+	size, err := waitMetaLeader(ctx, srv)
+	if err != nil {
+		return err
+	}
+	if err := b.provisionAt(ctx, size); err != nil {
+		return err
+	}
+	if b.cfg.Cluster != nil && b.cfg.Replicas == 0 {
+		b.watchSize(srv, size)
+	}
+	return nil
+}
+
+// provisionAt provisions for a cluster of size servers.
+func (b *Broker) provisionAt(ctx context.Context, size int) error {
 	nc, err := b.Connect("gantry-provision")
 	if err != nil {
-		b.Shutdown()
 		return err
 	}
 	defer nc.Close()
-	if err := Provision(ctx, nc, ProvisionConfig{Replicas: b.cfg.Replicas}); err != nil {
-		b.Shutdown()
-		return err
+	pc := ProvisionConfig{Replicas: b.cfg.Replicas, ClusterSize: size}
+	if b.cfg.Cluster != nil && !b.server().JetStreamIsLeader() {
+		pc.Follow = followLeader
 	}
-	b.log.Info("broker started", "url", b.ClientURL(), "data_dir", b.cfg.DataDir, "sync", string(b.cfg.Sync))
-	return nil
+	if b.cfg.Leaf != nil {
+		pc.AuditSources = b.cfg.Leaf.Sources
+	}
+	return Provision(ctx, nc, pc)
+}
+
+// waitMetaLeader waits until JetStream answers: at once on a single
+// server, once a meta leader is elected in a cluster. It returns the
+// cluster's size (1 for a single server).
+func waitMetaLeader(ctx context.Context, srv *server.Server) (int, error) {
+	for {
+		if srv.JetStreamIsCurrent() {
+			if !srv.JetStreamIsClustered() {
+				return 1, nil
+			}
+			if jsz, err := srv.Jsz(nil); err == nil && jsz.Meta != nil && jsz.Meta.Leader != "" {
+				return jsz.Meta.Size, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("wait for a JetStream meta leader (are the other cluster members up?): %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // awaitReady waits until srv accepts clients, for at most ReadyTimeout; a
@@ -280,6 +434,9 @@ func (b *Broker) Connect(name string, opts ...nats.Option) (*nats.Conn, error) {
 	if b.internalUser.Name != "" {
 		base = append(base, nats.UserInfo(b.internalUser.Name, b.internalUser.Password))
 	}
+	if b.internalJWT != "" {
+		base = append(base, nats.UserJWTAndSeed(b.internalJWT, string(b.internalSeed)))
+	}
 	nc, err := nats.Connect("", append(base, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("connect in-process: %w", err)
@@ -297,6 +454,10 @@ func (b *Broker) Shutdown() {
 		return
 	}
 	b.shutdownOnce.Do(func() {
+		if b.stopWatch != nil {
+			b.stopWatch()
+			<-b.watched
+		}
 		srv.Shutdown()
 		srv.WaitForShutdown()
 		b.log.Info("broker stopped")

@@ -31,8 +31,8 @@ const (
 )
 
 // Options are what Connect connects with, named as the nats CLI names its
-// flags (--server, --creds, --user, --password, --tlsca, --tlscert,
-// --tlskey, --timeout).
+// flags (--server, --creds, --nkey, --user, --password, --tlsca,
+// --tlscert, --tlskey, --timeout).
 type Options struct {
 	// Servers is the broker's URL, or several comma separated. Defaults to
 	// nats.DefaultURL (nats://127.0.0.1:4222).
@@ -43,6 +43,8 @@ type Options struct {
 	User, Password string
 	// Token authenticates with a token.
 	Token string
+	// NKey is a file holding a user NKey seed (SU...) to authenticate with.
+	NKey string
 	// TLSCA is the CA certificate to verify the server with; TLSCert and
 	// TLSKey are a client certificate and its key.
 	TLSCA, TLSCert, TLSKey string
@@ -66,6 +68,13 @@ func (o Options) NATSOptions() []nats.Option {
 	}
 	if o.Token != "" {
 		opts = append(opts, nats.Token(o.Token))
+	}
+	if o.NKey != "" {
+		if opt, err := nats.NkeyOptionFromSeed(o.NKey); err == nil {
+			opts = append(opts, opt)
+		} else {
+			opts = append(opts, func(*nats.Options) error { return fmt.Errorf("nkey %s: %w", o.NKey, err) })
+		}
 	}
 	if o.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(o.TLSCA))

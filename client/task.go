@@ -17,6 +17,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/rpc"
+	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -130,6 +131,15 @@ func (c *Client) Submit(ctx context.Context, t Task) (Submitted, error) {
 			return Submitted{}, err
 		}
 		if owner != body.ID {
+			// A claim whose task has no record was left by a submit that
+			// failed (its undo failed too): the key is free.
+			if _, _, gerr := store.Get(ctx, owner); errors.Is(gerr, tasks.ErrNotFound) {
+				if owner, err = cps.TakeKey(ctx, body.Key, owner, body.ID, KeyWindow); err != nil {
+					return Submitted{}, err
+				}
+			}
+		}
+		if owner != body.ID {
 			return Submitted{ID: owner, Duplicate: true}, nil
 		}
 	}
@@ -143,13 +153,14 @@ func (c *Client) Submit(ctx context.Context, t Task) (Submitted, error) {
 	undo := func(err error, record bool) error {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.set.timeout)
 		defer cancel()
+		// Made again while the broker fails over (both are safe to repeat).
 		if record {
-			if derr := store.Delete(uctx, body.ID); derr != nil {
+			if derr := kv.Retry(uctx, undoTry, func(ctx context.Context) error { return store.Delete(ctx, body.ID) }); derr != nil {
 				err = errors.Join(err, fmt.Errorf("remove the record of task %s: %w", body.ID, derr))
 			}
 		}
 		if cps != nil {
-			if rerr := cps.ReleaseKey(uctx, body.Key, body.ID); rerr != nil {
+			if rerr := kv.Retry(uctx, undoTry, func(ctx context.Context) error { return cps.ReleaseKey(ctx, body.Key, body.ID) }); rerr != nil {
 				err = errors.Join(err, rerr)
 			}
 		}
@@ -176,6 +187,31 @@ func (c *Client) Submit(ctx context.Context, t Task) (Submitted, error) {
 	}
 	return Submitted{ID: body.ID}, nil
 }
+
+// Publish publishes t on gantry.tasks.<queue>.<type> and nothing else, as
+// any NATS client may: the worker that takes it records it, emits
+// TASK_CREATED and claims its key (a task whose key belongs to another is
+// then rejected as a duplicate). It is Submit for a user whose role may
+// publish tasks but not write task records (the submitter role).
+func (c *Client) Publish(ctx context.Context, t Task) (Submitted, error) {
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
+	body, err := t.wire()
+	if err != nil {
+		return Submitted{}, err
+	}
+	msg, err := tasks.NewMsg(t.Queue, t.Type, body)
+	if err != nil {
+		return Submitted{}, err
+	}
+	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
+		return Submitted{}, fmt.Errorf("publish task %s: %w", body.ID, err)
+	}
+	return Submitted{ID: body.ID}, nil
+}
+
+// undoTry bounds one try of undoing a submit that failed.
+const undoTry = 2 * time.Second
 
 // WaitOption tunes Wait.
 type WaitOption func(*waitSettings)

@@ -89,8 +89,9 @@ type Role string
 const (
 	// RoleOperator may do everything.
 	RoleOperator Role = "operator"
-	// RoleSubmitter may read everything and start work: retry a
-	// NEEDS_REVIEW task and trigger a job.
+	// RoleSubmitter may read everything and start defined work: trigger
+	// a job. As on the broker, it writes no task record, so it neither
+	// retries, cancels nor purges a task.
 	RoleSubmitter Role = "submitter"
 	// RoleViewer may read everything and change nothing.
 	RoleViewer Role = "viewer"
@@ -115,7 +116,7 @@ func (r Role) Allows(action string) bool {
 	case RoleOperator:
 		return true
 	case RoleSubmitter:
-		return action == ActionTaskRetry || action == ActionJobTrigger
+		return action == ActionJobTrigger
 	}
 	return false
 }

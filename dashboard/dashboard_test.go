@@ -365,7 +365,7 @@ func TestRoles(t *testing.T) {
 		want bool
 	}{
 		{dashboard.RoleOperator, dashboard.ActionTaskPurge, true},
-		{dashboard.RoleSubmitter, dashboard.ActionTaskRetry, true},
+		{dashboard.RoleSubmitter, dashboard.ActionTaskRetry, false},
 		{dashboard.RoleSubmitter, dashboard.ActionJobTrigger, true},
 		{dashboard.RoleSubmitter, dashboard.ActionTaskCancel, false},
 		{dashboard.RoleSubmitter, dashboard.ActionResourceDisable, false},

@@ -125,3 +125,37 @@ func TTLSeconds(ttl time.Duration) time.Duration {
 	}
 	return max(time.Second, (ttl+time.Second-1)/time.Second*time.Second)
 }
+
+// Transient reports whether err may pass if the call is made again: a
+// time-out (a request lost with a broker that died), no responder, no
+// stream (a stream electing a new leader), or a cluster still forming.
+func Transient(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrConnectionReconnecting) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.Code == 503
+}
+
+// Retry runs op with a deadline of try, again while it fails with a
+// Transient error, until ctx ends: a store call that rides out a broker
+// restarting or a cluster electing a new leader. op must be safe to make
+// again.
+func Retry(ctx context.Context, try time.Duration, op func(context.Context) error) error {
+	wait := 50 * time.Millisecond
+	for {
+		tctx, cancel := context.WithTimeout(ctx, try)
+		err := op(tctx)
+		cancel()
+		if err == nil || !Transient(err) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}

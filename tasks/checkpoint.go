@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/kv"
@@ -38,6 +39,7 @@ const (
 // checkpoints (key cp.<task id>), operation keys (op.<task id>.<hash>) and
 // task dedupe keys (key.<hash>).
 type CheckpointStore struct {
+	js jetstream.JetStream
 	kv jetstream.KeyValue
 }
 
@@ -48,7 +50,7 @@ func NewCheckpointStore(ctx context.Context, js jetstream.JetStream) (*Checkpoin
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketCheckpoints, err)
 	}
-	return &CheckpointStore{kv: b}, nil
+	return &CheckpointStore{js: js, kv: b}, nil
 }
 
 func checkpointKey(taskID string) string { return "cp." + taskID }
@@ -92,24 +94,45 @@ func (s *CheckpointStore) Save(ctx context.Context, taskID string, cp wire.Check
 
 // BeginOp marks operation op of task id as started, unless it started
 // before: then it reports OpDone or OpInDoubt and marks nothing.
+//
+// The mark names this call, so that a mark whose reply was lost (a broker
+// that died), made again, is recognised as this call's own.
 func (s *CheckpointStore) BeginOp(ctx context.Context, taskID, op string) (OpState, error) {
 	k := opKey(taskID, op)
-	_, err := s.kv.Create(ctx, k, []byte(opStarted))
-	if err == nil {
-		return OpNew, nil
-	}
-	if !errors.Is(err, jetstream.ErrKeyExists) {
+	mark := opStarted + " " + ulid.Make().String()
+	var st OpState
+	err := kv.Retry(ctx, storeTry, func(ctx context.Context) error {
+		_, err := s.kv.Create(ctx, k, []byte(mark))
+		if err == nil {
+			st = OpNew
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return err
+		}
+		e, err := s.kv.Get(ctx, k)
+		if err != nil {
+			return err
+		}
+		switch string(e.Value()) {
+		case mark:
+			st = OpNew
+		case opDone:
+			st = OpDone
+		default:
+			st = OpInDoubt
+		}
+		return nil
+	})
+	if err != nil {
 		return 0, fmt.Errorf("begin operation %q of %s: %w", op, taskID, err)
 	}
-	e, err := s.kv.Get(ctx, k)
-	if err != nil {
-		return 0, fmt.Errorf("read operation %q of %s: %w", op, taskID, err)
-	}
-	if string(e.Value()) == opDone {
-		return OpDone, nil
-	}
-	return OpInDoubt, nil
+	return st, nil
 }
+
+// storeTry bounds one try of a call that is made again when its reply is
+// lost.
+const storeTry = 5 * time.Second
 
 // FinishOp marks operation op of task id as done.
 func (s *CheckpointStore) FinishOp(ctx context.Context, taskID, op string) error {
@@ -170,6 +193,32 @@ func (s *CheckpointStore) ClaimKey(ctx context.Context, key, taskID string, ttl 
 		return "", fmt.Errorf("read key %q: %w", key, err)
 	}
 	return string(e.Value()), nil
+}
+
+// TakeKey moves dedupe key's claim from task from to task to, for ttl, by
+// compare-and-swap: for a claim left behind by a submit that failed and
+// could not release it (the claiming task has no record). It returns the
+// key's owner afterwards: to, or the task that claimed it meanwhile.
+func (s *CheckpointStore) TakeKey(ctx context.Context, key, from, to string, ttl time.Duration) (string, error) {
+	k := dedupeKey(key)
+	e, err := s.kv.Get(ctx, k)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return s.ClaimKey(ctx, key, to, ttl)
+	}
+	if err != nil {
+		return "", fmt.Errorf("read key %q: %w", key, err)
+	}
+	if string(e.Value()) != from {
+		return string(e.Value()), nil
+	}
+	_, err = s.js.PublishMsg(ctx, kv.Msg(wire.BucketCheckpoints, k, []byte(to), ttl), jetstream.WithExpectLastSequencePerSubject(e.Revision()))
+	if kv.Conflict(err) {
+		return s.TakeKey(ctx, key, from, to, ttl)
+	}
+	if err != nil {
+		return "", fmt.Errorf("take key %q: %w", key, err)
+	}
+	return to, nil
 }
 
 // ReleaseKey gives up taskID's claim on dedupe key, so that the key can be

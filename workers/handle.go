@@ -109,6 +109,10 @@ type delivery struct {
 	arrived   time.Time
 	intakeSeq uint64
 
+	// replayed marks a delivery a consumer made again after forgetting it
+	// (see spec.replayed): its delivery count may say 1.
+	replayed bool
+
 	// mu orders the state writes of the delivery: the delayed RUNNING
 	// write never lands after the final one.
 	mu    sync.Mutex
@@ -141,7 +145,7 @@ func (w *Workers) process(ctx context.Context, sp *spec, m jetstream.Msg) {
 	if sp.lane != nil {
 		sp.lane.delivered(meta.NumPending)
 	}
-	d := &delivery{w: w, msg: m, meta: meta, sp: sp}
+	d := &delivery{w: w, msg: m, meta: meta, sp: sp, replayed: w.suspect(sp, meta)}
 	d.run(ctx)
 }
 
@@ -187,17 +191,34 @@ func (d *delivery) run(ctx context.Context) {
 	d.pol.Timeout = min(d.pol.Timeout, d.pol.MaxRuntime)
 	d.rec.MaxAttempts = d.pol.MaxAttempts
 
-	// A redelivery: what happened before is in the task's record. A sorted
-	// task may have been cancelled while it waited for its turn.
-	if meta.NumDelivered > 1 || sorted {
-		prev, _, err := w.tasks.Get(ctx, id)
+	// A redelivery: what happened before is in the task's record (also
+	// for a delivery the consumer forgot and made again as a first one: a
+	// task whose end is recorded never starts again). A sorted task may
+	// have been cancelled while it waited for its turn.
+	if !w.claim(id) {
+		// Delivered again while this process handles it (a replay after
+		// a failover): the delivery under way settles the message.
+		w.log.Info("task delivered again while it runs", "task_id", id)
+		return
+	}
+	defer w.release(id)
+	if meta.NumDelivered > 1 || sorted || d.replayed {
+		var prev wire.TaskRecord
+		err := d.persist(ctx, func(ctx context.Context) error {
+			var err error
+			prev, _, err = w.tasks.Get(ctx, id)
+			if errors.Is(err, tasks.ErrNotFound) {
+				return nil
+			}
+			return err
+		})
 		switch {
-		case errors.Is(err, tasks.ErrNotFound):
-			d.lostAttempts(wire.TaskRecord{})
 		case err != nil:
 			w.log.Warn("read task state", "task_id", id, "err", err)
 			d.nak(time.Second)
 			return
+		case prev.ID == "":
+			d.lostAttempts(wire.TaskRecord{})
 		case prev.Seq == 0 || prev.Seq == meta.Sequence.Stream || (sorted && prev.Seq == intakeSeq):
 			d.rec.CreatedAt = prev.CreatedAt
 			if prev.RetryAt != nil {
@@ -224,7 +245,12 @@ func (d *delivery) run(ctx context.Context) {
 	}
 
 	if task.Key != "" {
-		owner, err := w.cps.ClaimKey(ctx, task.Key, id, w.cfg.KeyTTL)
+		var owner string
+		err := d.persist(ctx, func(ctx context.Context) error {
+			var err error
+			owner, err = w.cps.ClaimKey(ctx, task.Key, id, w.cfg.KeyTTL)
+			return err
+		})
 		if err != nil {
 			w.log.Warn("claim task key", "task_id", id, "err", err)
 			d.nak(time.Second)
@@ -707,7 +733,37 @@ func (d *delivery) write(ctx context.Context) {
 	}
 }
 
+// persistFor bounds how long persist keeps trying: longer than a cluster
+// takes to elect a new leader, shorter than a stopping worker may wait.
+const persistFor = time.Minute
+
+// persist runs op, a read or write of the broker's that the delivery cannot
+// do without, until it succeeds, for up to persistFor, keeping the delivery
+// meanwhile (InProgress): a broker restarting or a cluster electing a new
+// stream leader costs neither an attempt nor a redelivery.
+func (d *delivery) persist(ctx context.Context, op func(context.Context) error) error {
+	deadline := time.Now().Add(persistFor)
+	wait := 50 * time.Millisecond
+	for {
+		octx, cancel := context.WithTimeout(ctx, ackTimeout)
+		err := op(octx)
+		cancel()
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) || errors.Is(err, kv.ErrInvalid) {
+			return err
+		}
+		d.w.log.Debug("broker unavailable, trying again", "task_id", d.rec.ID, "err", err)
+		_ = d.msg.InProgress()
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
 func (d *delivery) ack() {
+	d.w.settled.add(d.meta.Sequence.Stream)
 	if err := d.msg.Ack(); err != nil {
 		d.w.log.Warn("ack", "task_id", d.rec.ID, "err", err)
 	}
@@ -737,6 +793,7 @@ func (d *delivery) nak(wait time.Duration) {
 }
 
 func (d *delivery) term(reason string) {
+	d.w.settled.add(d.meta.Sequence.Stream)
 	if err := d.msg.TermWithReason(reason); err != nil {
 		d.w.log.Warn("term", "task_id", d.rec.ID, "err", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -96,9 +97,20 @@ func (t *Task) Output() string {
 	return ""
 }
 
+// storeTry bounds one try of a checkpoint store call: a request lost with
+// a broker that died is made again after it, rather than waiting out the
+// task's timeout.
+const storeTry = 5 * time.Second
+
 // Checkpoint returns the task's last saved checkpoint, or nil.
 func (t *Task) Checkpoint(ctx context.Context) (*wire.Checkpoint, error) {
-	return t.cps.Load(ctx, t.ID)
+	var cp *wire.Checkpoint
+	err := kv.Retry(ctx, storeTry, func(ctx context.Context) error {
+		var err error
+		cp, err = t.cps.Load(ctx, t.ID)
+		return err
+	})
+	return cp, err
 }
 
 // SaveCheckpoint saves cp as the task's checkpoint: a redelivery of the
@@ -109,7 +121,7 @@ func (t *Task) SaveCheckpoint(ctx context.Context, cp wire.Checkpoint) error {
 	if cp.UpdatedAt.IsZero() {
 		cp.UpdatedAt = time.Now()
 	}
-	return t.cps.Save(ctx, t.ID, cp)
+	return kv.Retry(ctx, storeTry, func(ctx context.Context) error { return t.cps.Save(ctx, t.ID, cp) })
 }
 
 // Once runs fn unless the operation named op already ran for this task,
@@ -130,13 +142,17 @@ func (t *Task) Once(ctx context.Context, op string, fn func(ctx context.Context)
 	case tasks.OpInDoubt:
 		return Permanent(fmt.Errorf("operation %q: %w", op, ErrOperationInDoubt))
 	}
+	// The outcome is recorded even when the attempt's context has ended,
+	// for up to a minute of a broker failing over.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
 	if err := fn(ctx); err != nil {
-		if aerr := t.cps.AbortOp(context.WithoutCancel(ctx), t.ID, op); aerr != nil {
+		if aerr := kv.Retry(rctx, storeTry, func(ctx context.Context) error { return t.cps.AbortOp(ctx, t.ID, op) }); aerr != nil {
 			return errors.Join(err, aerr)
 		}
 		return err
 	}
-	return t.cps.FinishOp(context.WithoutCancel(ctx), t.ID, op)
+	return kv.Retry(rctx, storeTry, func(ctx context.Context) error { return t.cps.FinishOp(ctx, t.ID, op) })
 }
 
 // tee returns w, also publishing the lines written to it live as the

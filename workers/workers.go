@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,10 +54,18 @@ type Workers struct {
 	hmu      sync.RWMutex
 	handlers map[string]Handler
 
-	// rmu guards running and interrupting: once interruptAll has run, a
-	// task that starts is interrupted at once.
-	rmu          sync.Mutex
-	running      map[string]runningTask
+	// suspectUntil is until when (unix nanoseconds) every delivery reads
+	// its task's record first: a consumer leader was elected.
+	suspectUntil atomic.Int64
+	// settled are the stream sequences of the messages this process acked
+	// or terminated lately.
+	settled recentSeqs
+	// rmu guards running, handling and interrupting: once interruptAll
+	// has run, a task that starts is interrupted at once.
+	rmu     sync.Mutex
+	running map[string]runningTask
+	// handling are the tasks whose delivery this process handles now.
+	handling     map[string]struct{}
 	interrupting bool
 
 	// metrics are the Prometheus metrics and the presence's window.
@@ -129,6 +138,86 @@ type spec struct {
 	// backOff is the consumer's BackOff: the ack deadline of delivery n
 	// is backOff[min(n, len)-1].
 	backOff []time.Duration
+	// lastDelivery is the highest consumer sequence this process was
+	// delivered.
+	lastDelivery atomic.Uint64
+}
+
+// replayed records a delivery's consumer sequence and reports whether this
+// process saw it or a later one before: a consumer whose leader changed
+// (a broker died) delivers again what it forgot it had delivered, under
+// the same sequences and as a first delivery.
+func (sp *spec) replayed(seq uint64) bool {
+	for {
+		last := sp.lastDelivery.Load()
+		if seq <= last {
+			return true
+		}
+		if sp.lastDelivery.CompareAndSwap(last, seq) {
+			return false
+		}
+	}
+}
+
+// suspectFor is how long after a consumer leader election (beyond the
+// queue's AckWait) every delivery is checked against its task's record.
+const suspectFor = 30 * time.Second
+
+// suspect reports whether a delivery may be one a consumer forgot and made
+// again: this process acked or terminated its message before, its
+// consumer sequence is not new to this process, or a consumer leader was
+// elected a short while ago.
+func (w *Workers) suspect(sp *spec, meta *jetstream.MsgMetadata) bool {
+	return sp.replayed(meta.Sequence.Consumer) || w.settled.has(meta.Sequence.Stream) ||
+		time.Now().UnixNano() < w.suspectUntil.Load()
+}
+
+// recentSeqs remembers the last stream sequences added to it.
+type recentSeqs struct {
+	mu   sync.Mutex
+	set  map[uint64]struct{}
+	ring []uint64
+	next int
+}
+
+// settledMemory is how many settled messages a worker process remembers.
+const settledMemory = 1 << 16
+
+func (r *recentSeqs) add(seq uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.set == nil {
+		r.set, r.ring = make(map[uint64]struct{}, settledMemory), make([]uint64, settledMemory)
+	}
+	delete(r.set, r.ring[r.next])
+	r.ring[r.next] = seq
+	r.set[seq] = struct{}{}
+	r.next = (r.next + 1) % settledMemory
+}
+
+func (r *recentSeqs) has(seq uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.set[seq]
+	return ok
+}
+
+// claim marks task id as handled by this process, unless a delivery of it
+// is handled already: then it returns false. release undoes it.
+func (w *Workers) claim(id string) bool {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	if _, ok := w.handling[id]; ok {
+		return false
+	}
+	w.handling[id] = struct{}{}
+	return true
+}
+
+func (w *Workers) release(id string) {
+	w.rmu.Lock()
+	defer w.rmu.Unlock()
+	delete(w.handling, id)
 }
 
 // New validates cfg and fills its defaults. nc is the connection to the
@@ -168,6 +257,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		cpDir:    cpDir,
 		handlers: map[string]Handler{},
 		running:  map[string]runningTask{},
+		handling: map[string]struct{}{},
 		idle:     make(chan job),
 		quit:     make(chan struct{}),
 	}
@@ -182,7 +272,8 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 			w.sorters[q.Name] = newSorter(w, q, w.consumers)
 		}
 	}
-	if w.pub, err = asyncpub.New(nc, asyncpub.Config{MaxPending: maxPendingWrites, Timeout: ackTimeout, Logger: cfg.Logger}); err != nil {
+	if w.pub, err = asyncpub.New(nc, asyncpub.Config{MaxPending: maxPendingWrites, Timeout: ackTimeout,
+		Patience: persistFor, Logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("workers: %w", err)
 	}
 	w.handlers["noop"] = HandlerFunc(w.runNoop)
@@ -382,6 +473,17 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 			return fmt.Errorf("subscribe %s: %w", advSubj, err)
 		}
 		defer func() { _ = adv.Unsubscribe() }()
+		// A new consumer leader (a broker died) may deliver again, as
+		// first deliveries, what its predecessor delivered: for a while,
+		// every delivery reads its task's record first.
+		electedSubj := "$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED." + wire.StreamTasks + "." + sp.name
+		elected, err := w.nc.Subscribe(electedSubj, func(*nats.Msg) {
+			w.suspectUntil.Store(time.Now().Add(sp.queue.AckWait + suspectFor).UnixNano())
+		})
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", electedSubj, err)
+		}
+		defer func() { _ = elected.Unsubscribe() }()
 		cons, err := w.js.CreateOrUpdateConsumer(ctx, wire.StreamTasks, w.consumerConfig(sp))
 		if err != nil {
 			return fmt.Errorf("consumer %s: %w", sp.name, err)

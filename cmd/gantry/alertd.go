@@ -39,6 +39,9 @@ func (a *app) alertd(ctx context.Context, cf *componentFlags) error {
 	if err != nil {
 		return err
 	}
+	if err := a.checkComponentHTTP(cf.httpListen); err != nil {
+		return err
+	}
 	cfg, err := cf.load()
 	if err != nil {
 		return err
@@ -55,9 +58,10 @@ func (a *app) alertd(ctx context.Context, cf *componentFlags) error {
 	// Signals: SIGINT and SIGTERM stop alertd cleanly.
 	p.addSignals(ctx)
 
-	// HTTP, when asked for: /healthz, /readyz and alertd's /metrics.
-	if err := p.addHTTP(cf.httpListen, nc); err != nil {
-		nc.Close()
+	// HTTP, when asked for: /healthz, /readyz (unready while cut off from
+	// the broker) and alertd's /metrics.
+	if err := a.addComponentHTTP(p, cf.httpListen, nc); err != nil {
+		p.abort()
 		return err
 	}
 

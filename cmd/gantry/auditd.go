@@ -102,6 +102,9 @@ func (a *app) auditd(ctx context.Context, dataDir string, af *auditdFlags, cf *c
 	if err != nil {
 		return err
 	}
+	if err := a.checkComponentHTTP(cf.httpListen); err != nil {
+		return err
+	}
 	cfg, err := cf.load()
 	if err != nil {
 		return err
@@ -117,11 +120,14 @@ func (a *app) auditd(ctx context.Context, dataDir string, af *auditdFlags, cf *c
 	if err != nil {
 		return err
 	}
-	// HTTP, when asked for: /healthz, /readyz and auditd's /metrics.
-	if err := p.addHTTP(cf.httpListen, nc); err != nil {
+	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "audit_dir", auditStoreDir(dataDir))
+
+	// HTTP, when asked for: /healthz, /readyz (unready while cut off from
+	// the broker) and auditd's /metrics.
+	if err := a.addComponentHTTP(p, cf.httpListen, nc); err != nil {
+		p.abort()
 		return err
 	}
-	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "audit_dir", auditStoreDir(dataDir))
 	p.addSignals(ctx)
 	p.addActor("auditd", svc)
 	err = p.run()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,6 +23,7 @@ type clientFlags struct {
 	context  string
 	server   string
 	creds    string
+	nkey     string
 	user     string
 	password string
 	tlsCA    string
@@ -36,6 +38,7 @@ func (c *clientFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&c.context, "context", os.Getenv("NATS_CONTEXT"), "nats CLI context to connect with (env NATS_CONTEXT; default the one 'nats context select' chose); the flags below win over it")
 	fs.StringVarP(&c.server, "server", "s", cmp.Or(os.Getenv("NATS_URL"), nats.DefaultURL), "NATS server URL(s), comma separated (env NATS_URL)")
 	fs.StringVar(&c.creds, "creds", "", "user credentials file")
+	fs.StringVar(&c.nkey, "nkey", "", "user NKey seed file")
 	fs.StringVar(&c.user, "user", "", "user name or token")
 	fs.StringVar(&c.password, "password", "", "password")
 	fs.StringVar(&c.tlsCA, "tlsca", "", "CA certificate to verify the server with")
@@ -82,7 +85,7 @@ func (c *clientFlags) applyContext() error {
 // named name.
 func (c *clientFlags) options(name string) client.Options {
 	return client.Options{
-		Servers: c.server, Creds: c.creds, User: c.user, Password: c.password,
+		Servers: c.server, Creds: c.creds, NKey: c.nkey, User: c.user, Password: c.password,
 		TLSCA: c.tlsCA, TLSCert: c.tlsCert, TLSKey: c.tlsKey, Token: c.token, Name: name, Timeout: c.timeout,
 	}
 }
@@ -102,6 +105,22 @@ func (c *clientFlags) connect(name string, extra ...nats.Option) (*nats.Conn, je
 	return nc, js, nil
 }
 
+// authenticated reports whether the flags carry credentials.
+func (c *clientFlags) authenticated() bool {
+	return c.creds != "" || c.nkey != "" || c.user != "" || c.tlsCert != ""
+}
+
+// permissionError is the broker refusing a publish or subscription the
+// user's permissions do not allow.
+type permissionError struct{ err error }
+
+func (e *permissionError) Error() string {
+	return fmt.Sprintf("permission denied: %s (the user's role does not allow it; see docs/deployment.md#permissions)",
+		strings.TrimPrefix(e.err.Error(), nats.ErrPermissionViolation.Error()+": "))
+}
+
+func (e *permissionError) Unwrap() error { return e.err }
+
 // connectHint says what to do about a failed connect.
 func connectHint(err error) error {
 	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) {
@@ -119,10 +138,26 @@ func (a *app) connect(ctx context.Context, name string, opts ...client.Option) (
 	if err != nil {
 		return nil, err
 	}
-	opts = append([]client.Option{client.WithComponent("cli"), client.WithLogger(log)}, opts...)
-	c, err := client.Connect(ctx, a.client.options(name), opts...)
+	co := a.client.options(name)
+	if dl, ok := ctx.Deadline(); ok {
+		co.Timeout = min(co.Timeout, max(time.Until(dl), time.Millisecond))
+	}
+	// A refused publish or subscription ends the command at once, naming
+	// the subject, rather than when its reply times out.
+	nopts := append(co.NATSOptions(), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) && a.abort != nil {
+			a.abort(&permissionError{err: err})
+		}
+	}))
+	nc, err := nats.Connect(co.Servers, nopts...)
 	if err != nil {
-		return nil, connectHint(err)
+		return nil, connectHint(fmt.Errorf("connect to %s: %w", co.Servers, err))
+	}
+	opts = append([]client.Option{client.WithTimeout(a.client.timeout), client.WithComponent("cli"), client.WithLogger(log)}, opts...)
+	c, err := client.New(nc, opts...)
+	if err != nil {
+		nc.Close()
+		return nil, err
 	}
 	return c, nil
 }
@@ -134,6 +169,7 @@ func (a *app) closeClient(c *client.Client) {
 	if err := c.Close(); err != nil {
 		fmt.Fprintf(a.stderr, "gantry: %v (check 'gantry audit query')\n", err)
 	}
+	c.Conn().Close()
 }
 
 // withClient connects, runs fn and closes the client.

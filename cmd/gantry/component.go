@@ -33,7 +33,7 @@ func (f *componentFlags) register(cmd *cobra.Command, uses string) {
 	fl.StringVar(&f.configPath, "config", "", "YAML config file (see examples/gantry.yaml); this command uses its "+uses)
 	fl.DurationVar(&f.connectTimeout, "connect-timeout", defaultConnectTimeout,
 		"how long to wait for the broker at start (0: wait until it answers); once connected, a lost broker is waited for without end")
-	fl.StringVar(&f.httpListen, "http-listen", "", "host:port of /healthz, /readyz and /metrics (this component's own metrics); empty: no HTTP")
+	fl.StringVar(&f.httpListen, "http-listen", "", "host:port of /healthz, /readyz (unready while cut off from the broker) and /metrics (this component's own metrics); empty: no HTTP")
 }
 
 // load reads the config file, or returns an empty one when none is named.
@@ -47,7 +47,12 @@ var sectionOwners = []struct {
 	section, owner string
 	set            func(*config.File) bool
 }{
-	{"auth", "gantry broker", func(f *config.File) bool { return len(f.Auth.Users) > 0 }},
+	{"auth", "gantry broker", func(f *config.File) bool { return f.Auth.Configured() }},
+	{"broker", "gantry broker", func(f *config.File) bool {
+		b := f.Broker
+		return b.Name != "" || b.Cluster != "" || len(b.Routes) > 0 || b.Leaf != "" || b.LeafListen != "" || b.Domain != ""
+	}},
+	{"tls", "gantry broker", func(f *config.File) bool { return f.TLS != config.TLSSettings{} }},
 	{"routes", "gantry healthd", func(f *config.File) bool { return len(f.Routes) > 0 }},
 	{"resources", "gantry worker (its keeper registers them)", func(f *config.File) bool { return len(f.Resources) > 0 }},
 	{"databases", "gantry worker", func(f *config.File) bool { return len(f.Databases) > 0 }},
@@ -102,6 +107,9 @@ func (a *app) connectComponent(ctx context.Context, log *slog.Logger, cf *compon
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("broker connection back", "server", nc.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Error("broker refused", "err", err)
 		}),
 		nats.ClosedHandler(func(nc *nats.Conn) {
 			if err := nc.LastError(); err != nil {

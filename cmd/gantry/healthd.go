@@ -52,6 +52,9 @@ func (a *app) healthd(ctx context.Context, cf *componentFlags) error {
 	if err != nil {
 		return err
 	}
+	if err := a.checkComponentHTTP(cf.httpListen); err != nil {
+		return err
+	}
 	cfg, err := cf.load()
 	if err != nil {
 		a.rejectConfig(ctx, log, "healthd", err)
@@ -72,14 +75,15 @@ func (a *app) healthd(ctx context.Context, cf *componentFlags) error {
 	p.conns = append(p.conns, nc)
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "routes", len(cfg.Routes))
 
-	// Signals: SIGINT and SIGTERM stop healthd cleanly.
-	p.addSignals(ctx)
-
-	// HTTP, when asked for: /healthz, /readyz and /metrics.
-	if err := p.addHTTP(cf.httpListen, nc); err != nil {
-		nc.Close()
+	// HTTP, when asked for: /healthz, /readyz (unready while cut off from
+	// the broker) and /metrics.
+	if err := a.addComponentHTTP(p, cf.httpListen, nc); err != nil {
+		p.abort()
 		return err
 	}
+
+	// Signals: SIGINT and SIGTERM stop healthd cleanly.
+	p.addSignals(ctx)
 
 	p.addActor("healthd", hd)
 	return p.run()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,6 +31,8 @@ type process struct {
 	attrs []any
 	http  *httpServer
 	conns []*nats.Conn
+	// httpTLS, when set, makes HTTP serve TLS.
+	httpTLS *tls.Config
 }
 
 func newProcess(log *slog.Logger) *process { return &process{log: log, reg: newRegistry()} }
@@ -49,11 +52,20 @@ func (p *process) addHTTP(addr string, nc *nats.Conn) error {
 	if err != nil {
 		return listenError("--http-listen", "HTTP_LISTEN", err)
 	}
+	if p.httpTLS != nil {
+		h.ln = tls.NewListener(h.ln, p.httpTLS)
+	}
 	if nc != nil {
 		js, err := jetstream.New(nc)
 		if err != nil {
 			return err
 		}
+		h.addCheck("nats", func(context.Context) error {
+			if !nc.IsConnected() {
+				return fmt.Errorf("cut off from the broker (%s)", nc.Status())
+			}
+			return nil
+		})
 		h.addCheck("jetstream", func(ctx context.Context) error {
 			_, err := js.AccountInfo(ctx)
 			return err
@@ -76,6 +88,25 @@ func (p *process) addSystemMetrics(nc *nats.Conn) error {
 		return err
 	}
 	return p.reg.Register(newSystemCollector(c.Stats))
+}
+
+// checkComponentHTTP refuses a component's --http-listen beyond loopback
+// unless the process authenticates, as the broker's listeners need.
+func (a *app) checkComponentHTTP(addr string) error {
+	if addr != "" && !broker.IsLoopback(hostOf(addr)) && !a.client.authenticated() {
+		return withCode(exitUsage, fmt.Errorf("%w: --http-listen %q is not a loopback address; connect with credentials (--user, --nkey, --creds or a TLS certificate) or listen on 127.0.0.1", broker.ErrInsecureListen, addr))
+	}
+	return nil
+}
+
+// addComponentHTTP serves a component process's /healthz, /readyz and
+// /metrics on addr, unless it is empty: /readyz fails while the process is
+// cut off from the broker.
+func (a *app) addComponentHTTP(p *process, addr string, nc *nats.Conn) error {
+	if addr == "" {
+		return nil
+	}
+	return p.addHTTP(addr, nc)
 }
 
 // connect opens an in-process connection for one component, closed when the
@@ -145,7 +176,9 @@ func (p *process) run() error {
 	}, func(error) { close(done) })
 	err := p.g.Run()
 	p.drainConns()
-	if errors.Is(err, run.ErrSignal) {
+	// A signal, or the end of the context (the Windows service stopping),
+	// is a clean stop.
+	if errors.Is(err, run.ErrSignal) || errors.Is(err, context.Canceled) {
 		p.log.Info("stopped", "reason", err.Error())
 		return nil
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,7 +21,10 @@ type app struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 
-	client    clientFlags
+	client clientFlags
+	// abort ends the command's context with a cause: a permission the
+	// broker refused.
+	abort     context.CancelCauseFunc
 	json      bool
 	logFormat string
 	logLevel  string
@@ -34,7 +38,13 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
+	ctx, a.abort = context.WithCancelCause(ctx)
+	defer a.abort(nil)
 	err := root.ExecuteContext(ctx)
+	var perm *permissionError
+	if err != nil && errors.As(context.Cause(ctx), &perm) {
+		err = perm
+	}
 	code := exitCode(err)
 	if err != nil {
 		a.printError(err, code, slices.Contains(args, "--json") || slices.Contains(args, "--json=true"))
@@ -84,6 +94,8 @@ Start everything in one process with 'gantry run'.`,
 		a.statsCommand(),
 		a.queueCommand(),
 		a.alertdCommand(),
+		a.serviceCommand(),
+		a.roleCommand(),
 		a.uiCommand(),
 	)
 	// 'gantry completion bash|zsh|fish|powershell', cobra's own, added now

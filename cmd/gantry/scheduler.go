@@ -127,6 +127,9 @@ func (a *app) scheduler(ctx context.Context, cf *componentFlags, sf *schedulerFl
 		a.rejectConfig(ctx, log, "scheduler", err)
 		return err
 	}
+	if err := a.checkComponentHTTP(cf.httpListen); err != nil {
+		return err
+	}
 	logSections(log, cf.configPath, cfg, "jobs")
 	nc, js, err := a.connectComponent(ctx, log, cf, "gantry-scheduler")
 	if err != nil {
@@ -136,15 +139,16 @@ func (a *app) scheduler(ctx context.Context, cf *componentFlags, sf *schedulerFl
 	p.conns = append(p.conns, nc)
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "jobs", len(scfg.Jobs))
 
+	// HTTP, when asked for: /healthz, /readyz (unready while cut off from
+	// the broker) and the scheduler's /metrics.
+	if err := a.addComponentHTTP(p, cf.httpListen, nc); err != nil {
+		p.abort()
+		return err
+	}
+
 	// Signals: SIGINT and SIGTERM stop the scheduler cleanly; a leader
 	// resigns so another takes over at once.
 	p.addSignals(ctx)
-
-	// HTTP, when asked for: /healthz, /readyz and the scheduler's /metrics.
-	if err := p.addHTTP(cf.httpListen, nc); err != nil {
-		nc.Close()
-		return err
-	}
 
 	// Scheduler: fires the jobs of gantry_jobs while it leads.
 	s, err := newScheduler(scfg, js, p.reg)

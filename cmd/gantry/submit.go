@@ -20,7 +20,7 @@ import (
 type submitFlags struct {
 	id, queue, payload, resource, key, timeout, notBefore string
 	maxAttempts, priority                                 int
-	wait                                                  bool
+	wait, publishOnly                                     bool
 	waitTimeout                                           time.Duration
 	sql                                                   sqlFlags
 }
@@ -41,7 +41,11 @@ stream's 24 h window runs the task once.
 With --wait, submit waits for the task's end and exits 0 if it SUCCEEDED,
 1 otherwise (NEEDS_REVIEW, CANCELLED), and 5 when --wait-timeout passes
 first (the task may still finish). Bad input (type, payload, timeout,
-time) exits 2.`,
+time) exits 2.
+
+--publish-only only publishes the task, as any NATS client may (the role
+submitter allows no more): the worker that takes it records it and checks
+its key.`,
 		Args: exactArgs(1, "TYPE"),
 		RunE: func(cmd *cobra.Command, args []string) error { return a.submit(cmd.Context(), args[0], &f) },
 	}
@@ -58,6 +62,7 @@ time) exits 2.`,
 	fl.BoolVar(&f.wait, "wait", false, "wait for the task to end; exit 0 if it SUCCEEDED, 1 otherwise")
 	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "give up waiting after this long, exit 5 (0: wait until the end)")
 	f.sql.register(fl)
+	fl.BoolVar(&f.publishOnly, "publish-only", false, "only publish the task (no record, no key check until a worker takes it): what the submitter role allows")
 	return cmd
 }
 
@@ -117,7 +122,11 @@ func (a *app) submit(ctx context.Context, typ string, f *submitFlags) error {
 		return err
 	}
 	return a.withClient(ctx, "gantry-submit", func(c *client.Client) error {
-		sub, err := c.Submit(ctx, t)
+		submit := c.Submit
+		if f.publishOnly {
+			submit = c.Publish
+		}
+		sub, err := submit(ctx, t)
 		if err != nil {
 			return err
 		}

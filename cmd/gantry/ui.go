@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	"github.com/gantry-dev/gantry/broker"
 	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/dashboard"
 	"github.com/gantry-dev/gantry/internal/config"
@@ -27,16 +28,16 @@ else, so it can run on any machine that reaches the broker. It logs
 "gantry ready" with the dashboard's URL.
 
 On loopback without users it trusts the machine. With users (auth.users in
---config) every request needs one of them: a login page, or HTTP basic
-authentication over TLS. Listening beyond loopback needs users. See
-docs/dashboard.md.`,
+--config, each with its role) every request needs one of them: a login
+page, or HTTP basic authentication over TLS (tls.http in --config).
+Listening beyond loopback needs users. See docs/dashboard.md.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.ui(cmd.Context(), &cf)
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&cf.configPath, "config", "", "YAML config file; the dashboard uses its auth section (its users may log in)")
+	fl.StringVar(&cf.configPath, "config", "", "YAML config file; the dashboard uses its auth section (its users may log in) and tls.http")
 	fl.DurationVar(&cf.connectTimeout, "connect-timeout", defaultConnectTimeout,
 		"how long to wait for the broker at start (0: wait until it answers); once connected, a lost broker is waited for without end")
 	fl.StringVar(&cf.httpListen, "http-listen", defaultUIListen, "host:port of the dashboard (and /healthz, /readyz, /metrics); beyond loopback needs auth.users in --config")
@@ -55,19 +56,24 @@ func (a *app) ui(ctx context.Context, cf *componentFlags) error {
 	if err != nil {
 		return err
 	}
-	logSections(log, cf.configPath, cfg, "auth")
+	logSections(log, cf.configPath, cfg, "auth", "tls")
 	host, _, err := net.SplitHostPort(cf.httpListen)
 	if err != nil {
 		return usageError("--http-listen %q: %v", cf.httpListen, err)
 	}
-	if len(dashboardUsers(cfg)) == 0 && !isLoopbackHost(host) {
+	if len(dashboardUsers(cfg)) == 0 && !broker.IsLoopback(host) {
 		return usageError("--http-listen %q: %v", cf.httpListen, dashboard.ErrInsecure)
+	}
+	tlsConf, err := httpTLS(cfg)
+	if err != nil {
+		return err
 	}
 	nc, _, err := a.connectComponent(ctx, log, cf, "gantry-ui")
 	if err != nil {
 		return err
 	}
 	p := newProcess(log)
+	p.httpTLS = tlsConf
 	p.conns = append(p.conns, nc)
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted())
 	p.addSignals(ctx)
@@ -98,6 +104,7 @@ func (p *process) addDashboard(nc *nats.Conn, cfg *config.File) error {
 	d, err := dashboard.New(c, dashboard.Config{
 		Listen:  p.http.Addr(),
 		Users:   dashboardUsers(cfg),
+		TLS:     p.httpTLS != nil,
 		Logger:  log,
 		Version: readVersion().Gantry,
 	})
@@ -118,16 +125,7 @@ func (p *process) addDashboard(nc *nats.Conn, cfg *config.File) error {
 func dashboardUsers(cfg *config.File) []dashboard.User {
 	users := make([]dashboard.User, 0, len(cfg.Auth.Users))
 	for _, u := range cfg.Auth.Users {
-		users = append(users, dashboard.User{Name: u.User, Password: u.Password})
+		users = append(users, dashboard.User{Name: u.User, Password: u.Password, Role: dashboard.Role(u.Role)})
 	}
 	return users
-}
-
-// isLoopbackHost reports whether host names this machine's loopback.
-func isLoopbackHost(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

@@ -347,6 +347,9 @@ func (a *app) worker(ctx context.Context, f *workerFlags, cf *componentFlags, ch
 	if _, err := f.config(log); err != nil {
 		return err
 	}
+	if err := a.checkComponentHTTP(cf.httpListen); err != nil {
+		return err
+	}
 	logSections(log, cf.configPath, cfg, "workers", "resources", "databases")
 	nc, js, err := a.connectComponent(ctx, log, cf, "gantry-worker")
 	if err != nil {
@@ -356,9 +359,10 @@ func (a *app) worker(ctx context.Context, f *workerFlags, cf *componentFlags, ch
 	p.conns = append(p.conns, nc)
 	p.attrs = append(p.attrs, "nats", nc.ConnectedUrlRedacted(), "queues", strings.Join(f.queues, ","))
 
-	// HTTP, when asked for: /healthz, /readyz and the workers' /metrics.
-	if err := p.addHTTP(cf.httpListen, nc); err != nil {
-		nc.Close()
+	// HTTP, when asked for: /healthz, /readyz (unready while cut off from
+	// the broker) and the workers' /metrics.
+	if err := a.addComponentHTTP(p, cf.httpListen, nc); err != nil {
+		p.abort()
 		return err
 	}
 

@@ -52,6 +52,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/kv"
 )
 
 // Defaults of Config.
@@ -72,6 +74,11 @@ type Config struct {
 	// Retries is how many times a failed publish is published again,
 	// synchronously, before it is logged as lost. Defaults to 1.
 	Retries int
+	// Patience is how long a republish waits for a stream that does not
+	// answer now (a cluster electing the stream's new leader, a reply lost
+	// with a broker that died), trying again, before it counts as a
+	// failed retry. Defaults to 0: it is not waited for.
+	Patience time.Duration
 	// Logger receives the publishes that failed for good. Defaults to
 	// discarding them.
 	Logger *slog.Logger
@@ -375,9 +382,7 @@ func (p *Publisher) republish(ctx context.Context, m *nats.Msg, id string, cause
 	c := withMsgID(m, id)
 	err := cause
 	for range p.cfg.Retries {
-		rctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
-		ack, perr := p.js.PublishMsg(rctx, c)
-		cancel()
+		ack, perr := p.publishPatiently(ctx, c)
 		if perr == nil {
 			return ack, nil
 		}
@@ -388,6 +393,28 @@ func (p *Publisher) republish(ctx context.Context, m *nats.Msg, id string, cause
 	}
 	p.cfg.Logger.Error("message lost", "subject", m.Subject, "err", err)
 	return nil, err
+}
+
+// publishPatiently publishes m, waiting up to Patience for a stream that
+// does not answer now.
+func (p *Publisher) publishPatiently(ctx context.Context, m *nats.Msg) (*jetstream.PubAck, error) {
+	var ack *jetstream.PubAck
+	publish := func(ctx context.Context) error {
+		var err error
+		ack, err = p.js.PublishMsg(ctx, m)
+		return err
+	}
+	var err error
+	if p.cfg.Patience <= 0 {
+		rctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+		defer cancel()
+		err = publish(rctx)
+	} else {
+		pctx, cancel := context.WithTimeout(ctx, p.cfg.Patience)
+		defer cancel()
+		err = kv.Retry(pctx, p.cfg.Timeout, publish)
+	}
+	return ack, err
 }
 
 // withMsgID is a copy of m without its reply subject, its headers

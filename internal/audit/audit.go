@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/kv"
 )
 
 // Emitter publishes audit events for one component.
@@ -58,11 +60,24 @@ func (e *Emitter) Emit(ctx context.Context, ev wire.Event) error {
 	if err != nil {
 		return err
 	}
-	if _, err := e.js.PublishMsg(ctx, msg); err != nil {
+	// Again while the audit stream fails over, within ctx (a minute when
+	// it has no deadline): the id makes a repeat stored once.
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+	}
+	if err := kv.Retry(ctx, emitTry, func(ctx context.Context) error {
+		_, err := e.js.PublishMsg(ctx, msg)
+		return err
+	}); err != nil {
 		return fmt.Errorf("publish audit event %s: %w", ev.Type, err)
 	}
 	return nil
 }
+
+// emitTry bounds one try of Emit's publish.
+const emitTry = 5 * time.Second
 
 // Message stamps ev and returns it as a message for the audit stream, with
 // the event id as Nats-Msg-Id, for a caller that publishes it without

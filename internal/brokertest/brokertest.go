@@ -6,11 +6,19 @@ package brokertest
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/gantry-dev/gantry/broker"
 )
@@ -90,4 +98,71 @@ func Logger(t testing.TB) *slog.Logger {
 		level = slog.LevelWarn
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+// FreePorts returns n loopback ports that were free a moment ago, for the
+// listeners a test must name before they start (a cluster's routes). They
+// are drawn below the kernel's ephemeral range, so that the outgoing
+// connections of other tests cannot take them meanwhile.
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ports []int
+	for len(ports) < n {
+		p := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil || slices.Contains(ports, p) {
+			continue
+		}
+		ln.Close()
+		ports = append(ports, p)
+	}
+	return ports
+}
+
+// OperatorFiles writes, under dir, the files of a NATS operator-mode set-up
+// for a test: the operator's JWT, the JWT of an account with JetStream and
+// of the system account (both signed by the operator), and the account's
+// seed.
+func OperatorFiles(t testing.TB, dir string) (operatorJWT, accountJWT, accountSeed, systemJWT string) {
+	t.Helper()
+	opKP, err := nkeys.CreateOperator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	account := func(name string, js bool) (nkeys.KeyPair, string, string) {
+		kp, err := nkeys.CreateAccount()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, _ := kp.PublicKey()
+		ac := jwt.NewAccountClaims(pub)
+		ac.Name = name
+		if js {
+			ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+		}
+		token, err := ac.Encode(opKP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kp, pub, token
+	}
+	accKP, _, accToken := account("gantry", true)
+	_, sysPub, sysToken := account("SYS", false)
+	opPub, _ := opKP.PublicKey()
+	oc := jwt.NewOperatorClaims(opPub)
+	oc.SystemAccount = sysPub
+	opToken, err := oc.Encode(opKP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := accKP.Seed()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	return write("operator.jwt", []byte(opToken)), write("account.jwt", []byte(accToken)), write("account.nk", seed),
+		write("system.jwt", []byte(sysToken))
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,6 +30,11 @@ type File struct {
 	// Auth configures the users the broker accepts; needed to listen beyond
 	// loopback.
 	Auth Auth `yaml:"auth"`
+	// Broker configures the embedded broker's cluster and leaf links; the
+	// flags of 'gantry broker' and 'gantry run' override it.
+	Broker Broker `yaml:"broker"`
+	// TLS configures the certificates of the listeners.
+	TLS TLSSettings `yaml:"tls"`
 	// Routes are the egress routes healthd probes.
 	Routes []Route `yaml:"routes"`
 	// Resources are registered in gantry_resources at start.
@@ -52,15 +58,99 @@ type Workers struct {
 	TaskRetention *Retention `yaml:"task_retention"`
 }
 
-// Auth lists the broker's users.
+// Auth lists the broker's users, or the operator whose creds files (JWTs)
+// it accepts instead.
 type Auth struct {
 	Users []User `yaml:"users"`
+	// Operator runs the broker in NATS operator mode: users are creds
+	// files minted with 'gantry role creds'.
+	Operator *Operator `yaml:"operator"`
 }
 
-// User is one broker user.
+// Operator is a NATS operator-mode set-up (files made with nsc or
+// otherwise).
+type Operator struct {
+	// JWT is the operator's JWT file.
+	JWT string `yaml:"jwt"`
+	// Account is the JWT file of the account gantry's users belong to,
+	// with JetStream enabled.
+	Account string `yaml:"account"`
+	// AccountSeed is the account's seed file: the broker signs its
+	// in-process user with it.
+	AccountSeed string `yaml:"account_seed"`
+	// SystemAccount is the JWT file of the operator's system account.
+	SystemAccount string `yaml:"system_account"`
+}
+
+// Configured reports whether the broker authenticates its clients.
+func (a Auth) Configured() bool { return len(a.Users) > 0 || a.Operator != nil }
+
+// User is one broker user: a user name and password, or an NKey's public
+// key, with the role that says what it may do (docs/deployment.md).
 type User struct {
 	User     string `yaml:"user"`
 	Password string `yaml:"password"`
+	// NKey is the user's public NKey (U...); the client signs with its
+	// seed ('gantry --nkey FILE').
+	NKey string `yaml:"nkey"`
+	// Role is operator, worker, scheduler, healthd, auditd, submitter,
+	// viewer or leaf. Defaults to operator.
+	Role string `yaml:"role"`
+}
+
+// Broker configures the embedded broker beyond its listen address.
+type Broker struct {
+	// Name names this server among a cluster's. Defaults to gantry-<port>.
+	Name string `yaml:"name"`
+	// Cluster is the host:port the other members' routes connect to;
+	// setting it makes this broker a cluster member.
+	Cluster string `yaml:"cluster"`
+	// ClusterName names the cluster. Defaults to gantry.
+	ClusterName string `yaml:"cluster_name"`
+	// Routes are the members' cluster URLs (nats-route://host:port).
+	Routes []string `yaml:"routes"`
+	// Replicas of every stream and bucket. Defaults to 3 once the cluster
+	// has three servers, else 1.
+	Replicas int `yaml:"replicas"`
+	// Domain is this broker's JetStream domain. Defaults to none; a leaf
+	// broker's defaults to its host name.
+	Domain string `yaml:"domain"`
+	// Leaf is the hub's leafnode URL (nats-leaf://[user:pass@]host:port),
+	// or several comma separated: this broker attaches to it as a leaf.
+	Leaf string `yaml:"leaf"`
+	// LeafCredentials is the creds file of the link to the hub.
+	LeafCredentials string `yaml:"leaf_credentials"`
+	// LeafListen is the host:port leaf brokers attach to (on a hub).
+	LeafListen string `yaml:"leaf_listen"`
+	// LeafDomains are the domains of the leaf brokers whose audit events
+	// this hub's GANTRY_AUDIT sources (on a hub).
+	LeafDomains []string `yaml:"leaf_domains"`
+}
+
+// TLSSettings holds the certificates of each listener.
+type TLSSettings struct {
+	// Client secures the NATS client listener.
+	Client *TLS `yaml:"client"`
+	// Cluster secures the routes between cluster members, verifying both
+	// sides against CA.
+	Cluster *TLS `yaml:"cluster"`
+	// Leaf secures the leafnode listener (on a hub).
+	Leaf *TLS `yaml:"leaf"`
+	// LeafRemote is the CA (and client certificate) of the link to the
+	// hub (on a leaf).
+	LeafRemote *TLS `yaml:"leaf_remote"`
+	// HTTP secures /healthz, /readyz and what else HTTP serves.
+	HTTP *TLS `yaml:"http"`
+}
+
+// TLS is one listener's certificate (PEM files).
+type TLS struct {
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+	// CA verifies the peers' certificates.
+	CA string `yaml:"ca"`
+	// Verify requires clients to present a certificate signed by CA.
+	Verify bool `yaml:"verify"`
 }
 
 // Route is an egress route healthd probes and http tasks go out through
@@ -92,6 +182,10 @@ type Resource struct {
 	// holder's lease gone: available or fault. Defaults to available.
 	Reclaim string `yaml:"reclaim"`
 }
+
+// Roles are the roles a user may have; broker.Roles defines what each
+// allows.
+var Roles = []string{"operator", "worker", "scheduler", "healthd", "auditd", "alertd", "submitter", "viewer", "leaf"}
 
 // resourceID is what a resource id may hold: it is a KV key.
 var resourceID = regexp.MustCompile(`^[-/_=A-Za-z0-9]+$`)
@@ -269,9 +363,28 @@ func (f *File) validate() error {
 		return err
 	}
 	for i, u := range f.Auth.Users {
-		if u.User == "" || u.Password == "" {
-			return fmt.Errorf("auth.users[%d]: needs user and password", i)
+		if (u.User == "" || u.Password == "") && u.NKey == "" {
+			return fmt.Errorf("auth.users[%d]: needs user and password, or nkey", i)
 		}
+		if u.Role != "" && !slices.Contains(Roles, u.Role) {
+			return fmt.Errorf("auth.users[%d]: role %q: want one of %s", i, u.Role, strings.Join(Roles, ", "))
+		}
+	}
+	if o := f.Auth.Operator; o != nil {
+		if len(f.Auth.Users) > 0 {
+			return errors.New("auth: users or operator, not both (in operator mode users are creds files)")
+		}
+		if o.JWT == "" || o.Account == "" || o.AccountSeed == "" || o.SystemAccount == "" {
+			return errors.New("auth.operator: needs jwt, account, account_seed and system_account")
+		}
+	}
+	for name, t := range map[string]*TLS{"client": f.TLS.Client, "cluster": f.TLS.Cluster, "leaf": f.TLS.Leaf, "http": f.TLS.HTTP} {
+		if t != nil && (t.Cert == "" || t.Key == "") {
+			return fmt.Errorf("tls.%s: needs cert and key", name)
+		}
+	}
+	if f.Broker.Replicas < 0 {
+		return fmt.Errorf("broker.replicas %d: want 0 (automatic) or more", f.Broker.Replicas)
 	}
 	routes := map[string]bool{}
 	for i, r := range f.Routes {
