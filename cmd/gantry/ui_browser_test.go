@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -421,7 +422,7 @@ func TestUIBeyondLoopback(t *testing.T) {
 
 	_, broker := startGantry(t, "run", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
 	cfg := filepath.Join(t.TempDir(), "ui.yaml")
-	if err := os.WriteFile(cfg, []byte("auth:\n  users:\n    - {user: ops, password: \"a long secret\"}\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte("auth:\n  users:\n    - {user: ops, password: \"a long secret\"}\n    - {user: vic, password: \"another secret\", role: viewer}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	_, ui := startGantry(t, "ui", "--server", broker.NATS, "--http-listen", ip+":0", "--config", cfg)
@@ -437,29 +438,32 @@ func TestUIBeyondLoopback(t *testing.T) {
 			t.Errorf("GET %s%s without a user = %d, want 401", ui.HTTP, path, res.StatusCode)
 		}
 	}
-	res, err := hc.PostForm(ui.HTTP+"/login", url.Values{"user": {"ops"}, "password": {"a long secret"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	var session *http.Cookie
-	for _, ck := range res.Cookies() {
-		if ck.Name == "gantry_session" {
-			session = ck
+	for _, u := range []struct{ name, password, role string }{{"ops", "a long secret", "operator"}, {"vic", "another secret", "viewer"}} {
+		res, err := hc.PostForm(ui.HTTP+"/login", url.Values{"user": {u.name}, "password": {u.password}})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if res.StatusCode != http.StatusSeeOther || session == nil {
-		t.Fatalf("login = %d with cookie %v, want 303 and a session", res.StatusCode, session)
-	}
-	req, _ := http.NewRequestWithContext(t.Context(), "GET", ui.HTTP+"/jobs", nil)
-	req.AddCookie(session)
-	res, err = hc.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		t.Errorf("GET /jobs logged in = %d, want 200", res.StatusCode)
+		res.Body.Close()
+		var session *http.Cookie
+		for _, ck := range res.Cookies() {
+			if ck.Name == "gantry_session" {
+				session = ck
+			}
+		}
+		if res.StatusCode != http.StatusSeeOther || session == nil {
+			t.Fatalf("login of %s = %d with cookie %v, want 303 and a session", u.name, res.StatusCode, session)
+		}
+		req, _ := http.NewRequestWithContext(t.Context(), "GET", ui.HTTP+"/jobs", nil)
+		req.AddCookie(session)
+		res, err = hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "<small>"+u.role+"</small>") {
+			t.Errorf("GET /jobs as %s = %d, want 200 naming the role %s", u.name, res.StatusCode, u.role)
+		}
 	}
 }
 
