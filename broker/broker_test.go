@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/gantry-dev/gantry/broker"
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -56,20 +58,17 @@ func TestProvisioned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		info, err := s.Info(ctx(t))
+	c := ctx(t)
+	check.For(t, 5*time.Second, 10*time.Millisecond, func() error {
+		info, err := s.Info(c)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if info.State.Msgs == 1 {
-			break
+		if info.State.Msgs != 1 {
+			return fmt.Errorf("tasks stream Msgs = %d, want 1", info.State.Msgs)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("tasks stream holds %d messages, want 1", info.State.Msgs)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestProvisionIdempotentAndUpdates(t *testing.T) {
@@ -144,17 +143,13 @@ func TestProvisionUpgradesTasksBucket(t *testing.T) {
 	if _, err := env.JS.Publish(ctx(t), "$KV."+wire.BucketTasks+".brief", []byte(`{}`), jetstream.WithMsgTTL(time.Second)); err != nil {
 		t.Fatalf("TTL put after Provision: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := b.Get(ctx(t), "brief")
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			break
+	c := ctx(t)
+	check.For(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if _, err := b.Get(c, "brief"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("Get(brief) error = %v after a 1s TTL put, want ErrKeyNotFound", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Get(brief) = %v 10s after a 1s TTL put, want ErrKeyNotFound", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	if _, err := b.Get(ctx(t), "kept"); err != nil {
 		t.Errorf("kept after brief expired = %v, want it kept (it has no TTL)", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/proxytest"
 )
@@ -304,17 +306,13 @@ func (pe *pickerEnv) put(t *testing.T, r wire.Route) {
 // waitAuto polls until the picker's view picks want for "auto".
 func (pe *pickerEnv) waitAuto(t *testing.T, want string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	check.For(t, 5*time.Second, 5*time.Millisecond, func() error {
 		r, err := pe.pick.Pick(context.Background(), wire.RouteAuto)
-		if err == nil && r.ID == want {
-			return
+		if err != nil || r.ID != want {
+			return fmt.Errorf("Pick(auto) = %q, %v; want %q", r.ID, err, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Pick(auto) = %q, %v; want %q", r.ID, err, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestPickAutoAvoidsCooldown(t *testing.T) {
@@ -373,10 +371,13 @@ func TestPickAutoAvoidsCooldown(t *testing.T) {
 
 	pe.put(t, wire.Route{ID: "healthy", State: wire.RouteCooldown, Score: 20, Proxy: healthy.URL(), CooldownUntil: &until})
 	// The picker's view follows the bucket within moments.
-	deadline := time.Now().Add(5 * time.Second)
-	for _, err = pe.pick.Pick(ctx, wire.RouteAuto); err == nil && time.Now().Before(deadline); _, err = pe.pick.Pick(ctx, wire.RouteAuto) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	check.For(t, 5*time.Second, 5*time.Millisecond, func() error {
+		var r wire.Route
+		if r, err = pe.pick.Pick(ctx, wire.RouteAuto); err == nil {
+			return fmt.Errorf("Pick(auto) = %q, nil; want an error once every route is down", r.ID)
+		}
+		return nil
+	})
 	if !errors.As(err, &ue) || ue.RetryAfter() != 30*time.Second {
 		t.Errorf("Pick(auto) with every route down = %v, want a retry when the first cooldown ends (30s)", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/egress"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
@@ -76,17 +78,14 @@ func start(t *testing.T, env *brokertest.Env, cfg Config) *bundle {
 // waitRoute polls gantry_routes until route id satisfies ok.
 func (b *bundle) waitRoute(t *testing.T, id, what string, ok func(wire.Route) bool) wire.Route {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
 	var r wire.Route
-	for time.Now().Before(deadline) {
+	check.For(t, 10*time.Second, 10*time.Millisecond, func() error {
 		var err error
-		r, _, err = b.store.Get(context.Background(), id)
-		if err == nil && ok(r) {
-			return r
+		if r, _, err = b.store.Get(context.Background(), id); err != nil || !ok(r) {
+			return fmt.Errorf("route %s = %+v, %v; want it %s", id, r, err, what)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("route %s never %s; last %+v", id, what, r)
+		return nil
+	})
 	return r
 }
 
@@ -246,26 +245,24 @@ func (e *events) count(subject string) int {
 
 func (e *events) wait(t *testing.T, subject string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for e.count(subject) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d messages on %s, want %d", e.count(subject), subject, n)
+	check.For(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if got := e.count(subject); got < n {
+			return fmt.Errorf("messages on %s = %d, want %d", subject, got, n)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // idle waits until every route loop has armed its timer, so an Advance of
 // the fake clock reaches them.
 func idle(t *testing.T, clk *clock.Fake, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for clk.Timers() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("Timers = %d, want %d", clk.Timers(), n)
+	check.For(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if got := clk.Timers(); got != n {
+			return fmt.Errorf("Timers = %d, want %d", got, n)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestCooldownAndRecovery(t *testing.T) {
@@ -379,17 +376,13 @@ func TestReportsCountAndAutoAvoidsCooldown(t *testing.T) {
 
 	// The picker's view follows the bucket within moments; from then on
 	// route auto goes through healthy, never flaky.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	check.For(t, 5*time.Second, 5*time.Millisecond, func() error {
 		r, err := picker.Pick(context.Background(), wire.RouteAuto)
-		if err == nil && r.ID == "healthy" {
-			break
+		if err != nil || r.ID != "healthy" {
+			return fmt.Errorf("Pick(auto) = %q, %v; want healthy", r.ID, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Pick(auto) = %q, %v; want healthy", r.ID, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	target := strings.TrimPrefix(taskSite.URL, "http://")
 	for range 5 {
 		rt, id, err := picker.Transport(context.Background(), wire.RouteAuto)

@@ -3,13 +3,16 @@ package jobs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/jobs"
 	"github.com/gantry-dev/gantry/kv"
 )
@@ -77,13 +80,21 @@ func TestSchedulerLeaderLease(t *testing.T) {
 	if _, _, err := s.Campaign(ctx, "b", "host-b", now, ttl); !errors.Is(err, jobs.ErrLeaderHeld) {
 		t.Errorf("Campaign while held = %v, want ErrLeaderHeld", err)
 	}
-	// Renewals keep the key alive past its TTL.
-	for range 3 {
-		time.Sleep(ttl / 2)
+	// Renewals keep the key alive past its TTL: a witness key put with the
+	// same TTL after the campaign expires while the leader renews, so the
+	// broker's own clock says the campaign's TTL has passed.
+	if _, err := s.KeyValue().Create(ctx, "witness", nil, jetstream.KeyTTL(ttl)); err != nil {
+		t.Fatal(err)
+	}
+	check.For(t, 10*time.Second, ttl/4, func() error {
 		if rev, err = s.Renew(ctx, a, rev, ttl); err != nil {
 			t.Fatalf("Renew: %v", err)
 		}
-	}
+		if _, err := s.KeyValue().Get(ctx, "witness"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("Get(witness) error = %v, want ErrKeyNotFound once its %v TTL has passed", err, ttl)
+		}
+		return nil
+	})
 	if l, _, err := s.Leader(ctx); err != nil || l.ID != "a" {
 		t.Fatalf("Leader after renewals = %+v, %v, want a", l, err)
 	}
@@ -92,16 +103,12 @@ func TestSchedulerLeaderLease(t *testing.T) {
 	}
 	// Without renewal the broker expires the key; the next leader gets a
 	// higher term.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, _, err := s.Leader(ctx); errors.Is(err, jobs.ErrNoLeader) {
-			break
+	check.For(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if l, _, err := s.Leader(ctx); !errors.Is(err, jobs.ErrNoLeader) {
+			return fmt.Errorf("Leader = %+v, %v after the TTL without renewal, want ErrNoLeader", l, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("leader key did not expire")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	if _, err := s.Renew(ctx, a, rev, ttl); err == nil {
 		t.Error("Renew of an expired lease = nil, want an error")
 	}

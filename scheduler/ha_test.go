@@ -2,10 +2,12 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/check"
 )
 
 func TestTwoSchedulersFireOncePerPlannedTime(t *testing.T) {
@@ -55,9 +57,12 @@ func TestLeaderKilledFollowerTakesOver(t *testing.T) {
 	// Kill the leader: its connection dies, it can neither renew nor
 	// resign. Then pretend it died before saving its last two fires, so
 	// that its successor plans them again.
-	b.waitFor("state of the third fire saved", func() bool {
-		st, err := b.st.State(context.Background(), "ha")
-		return err == nil && st.LastPlanned.Equal(t0.Add(3*time.Minute))
+	check.For(t, 15*time.Second, 10*time.Millisecond, func() error {
+		want := t0.Add(3 * time.Minute)
+		if st, err := b.st.State(context.Background(), "ha"); err != nil || !st.LastPlanned.Equal(want) {
+			return fmt.Errorf("State(ha) LastPlanned = %s, %v; want the third fire %s saved", st.LastPlanned, err, want)
+		}
+		return nil
 	})
 	b.waitEvents(wire.EventJobFired, 3)
 	anc.Close()
@@ -65,7 +70,7 @@ func TestLeaderKilledFollowerTakesOver(t *testing.T) {
 	b.putState(wire.JobState{Job: "ha", LastPlanned: t0.Add(time.Minute)})
 	// Two planned times pass while nobody leads.
 	b.clk.Advance(2 * time.Minute)
-	b.waitFor("the follower leads", func() bool { l, _ := follower.Leading(); return l })
+	b.waitLeading(follower, "b")
 	took := time.Since(killed)
 	t.Logf("takeover after %s (lease TTL %s)", took, ttl)
 	// The broker expires the key at most a TTL after the last renewal;
@@ -113,7 +118,7 @@ func TestGracefulStopHandsOverAtOnce(t *testing.T) {
 	follower, _ := b.start(cfg, false)
 	stopped := time.Now()
 	stopA()
-	b.waitFor("the follower leads", func() bool { l, _ := follower.Leading(); return l })
+	b.waitLeading(follower, "b")
 	if took := time.Since(stopped); took > 10*time.Second {
 		t.Errorf("hand-over after %s, want well under the 30s TTL (the leader resigns)", took)
 	}

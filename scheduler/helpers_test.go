@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sort"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/jobs"
 )
@@ -116,9 +118,20 @@ func (b *bundle) startConn(cfg Config, lead bool) (*Scheduler, func(), *nats.Con
 		b.t.Fatal("scheduler not ready within 10s")
 	}
 	if lead {
-		b.waitFor("scheduler leads", func() bool { l, _ := s.Leading(); return l })
+		b.waitLeading(s, cfg.ID)
 	}
 	return s, stop, nc
+}
+
+// waitLeading waits until scheduler s, named id, leads.
+func (b *bundle) waitLeading(s *Scheduler, id string) {
+	b.t.Helper()
+	check.For(b.t, 15*time.Second, 10*time.Millisecond, func() error {
+		if l, _ := s.Leading(); !l {
+			return fmt.Errorf("scheduler %q Leading = false, want true", id)
+		}
+		return nil
+	})
 }
 
 // addJob stores a job, created at the fake clock's time.
@@ -143,18 +156,6 @@ func (b *bundle) modify(name string, fn func(*wire.Job)) {
 		return nil
 	}); err != nil {
 		b.t.Fatal(err)
-	}
-}
-
-// waitFor polls cond until it holds, failing the test after 15 s.
-func (b *bundle) waitFor(what string, cond func() bool) {
-	b.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			b.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -200,7 +201,12 @@ func (b *bundle) taskMsgs() []taskMsg {
 func (b *bundle) waitTasks(n int) []taskMsg {
 	b.t.Helper()
 	var got []taskMsg
-	b.waitFor("tasks", func() bool { got = b.taskMsgs(); return len(got) >= n })
+	check.For(b.t, 15*time.Second, 10*time.Millisecond, func() error {
+		if got = b.taskMsgs(); len(got) < n {
+			return fmt.Errorf("tasks = %d %v, want %d", len(got), ids(got), n)
+		}
+		return nil
+	})
 	if len(got) != n {
 		b.t.Fatalf("tasks = %d, want %d: %v", len(got), n, ids(got))
 	}
@@ -252,7 +258,12 @@ func (b *bundle) events(typ wire.EventType) []wire.Event {
 func (b *bundle) waitEvents(typ wire.EventType, n int) []wire.Event {
 	b.t.Helper()
 	var got []wire.Event
-	b.waitFor(string(typ)+" events", func() bool { got = b.events(typ); return len(got) >= n })
+	check.For(b.t, 15*time.Second, 10*time.Millisecond, func() error {
+		if got = b.events(typ); len(got) < n {
+			return fmt.Errorf("%s events = %d, want at least %d", typ, len(got), n)
+		}
+		return nil
+	})
 	return got
 }
 
@@ -269,7 +280,12 @@ func (b *bundle) finishTask(id string, state wire.TaskState) {
 // advance moves the fake clock by d once the scheduler has a timer armed.
 func (b *bundle) advance(d time.Duration) {
 	b.t.Helper()
-	b.waitFor("an armed timer", func() bool { return b.clk.Timers() > 0 })
+	check.For(b.t, 15*time.Second, 10*time.Millisecond, func() error {
+		if b.clk.Timers() == 0 {
+			return errors.New("fake clock Timers = 0, want an armed timer")
+		}
+		return nil
+	})
 	b.clk.Advance(d)
 }
 

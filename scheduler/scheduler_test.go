@@ -12,6 +12,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
 	"github.com/gantry-dev/gantry/internal/rpc"
 	"github.com/gantry-dev/gantry/jobs"
@@ -148,9 +149,11 @@ func TestWindowAndBudgetSkips(t *testing.T) {
 			t.Errorf("win's JOB_SKIPPED = %q %s, want 1408 skipped until 10:30 Berlin the next day", ev.Message, ev.Payload)
 		}
 	}
-	b.waitFor("win's state saved", func() bool {
-		st, err := b.st.State(context.Background(), "win")
-		return err == nil && st.SkipUntil != nil
+	check.For(t, 15*time.Second, 10*time.Millisecond, func() error {
+		if st, err := b.st.State(context.Background(), "win"); err != nil || st.SkipUntil == nil {
+			return fmt.Errorf("State(win) = %+v, %v; want SkipUntil saved", st, err)
+		}
+		return nil
 	})
 	want := []string{wire.JobTaskID("budget", t0.Add(time.Minute)), wire.JobTaskID("budget", t0.Add(2*time.Minute)), wire.JobTaskID("win", t0.Add(time.Minute))}
 	if got := ids(b.waitTasks(3)); fmt.Sprint(got) != fmt.Sprint(want) {
@@ -214,9 +217,11 @@ func TestMisfirePolicies(t *testing.T) {
 					t.Errorf("JOB_MISSED = %d, want %d", len(ev), tc.missed)
 				}
 			}
-			b.waitFor("state saved", func() bool {
-				st, err := b.st.State(context.Background(), "m")
-				return err == nil && st.LastPlanned.Equal(t0)
+			check.For(t, 15*time.Second, 10*time.Millisecond, func() error {
+				if st, err := b.st.State(context.Background(), "m"); err != nil || !st.LastPlanned.Equal(t0) {
+					return fmt.Errorf("State(m) LastPlanned = %s, %v; want %s saved", st.LastPlanned, err, t0)
+				}
+				return nil
 			})
 			if ev := b.events(wire.EventJobMissed); len(ev) != tc.missed {
 				t.Errorf("JOB_MISSED = %d, want %d", len(ev), tc.missed)
@@ -243,9 +248,11 @@ func TestOverlapForbidAndRunHistory(t *testing.T) {
 		t.Fatalf("tasks while the first runs = %v, want 1", ids(got))
 	}
 	b.finishTask(first.id, wire.TaskSucceeded)
-	b.waitFor("run finished in the history", func() bool {
-		r, err := b.st.Run(context.Background(), "slow", first.planned)
-		return err == nil && r.State == wire.TaskSucceeded && r.Finished != nil
+	check.For(t, 15*time.Second, 10*time.Millisecond, func() error {
+		if r, err := b.st.Run(context.Background(), "slow", first.planned); err != nil || r.State != wire.TaskSucceeded || r.Finished == nil {
+			return fmt.Errorf("Run(slow, %s) = %+v, %v; want SUCCEEDED and finished", first.planned, r, err)
+		}
+		return nil
 	})
 	b.advance(time.Minute)
 	got := b.waitTasks(2)
@@ -255,10 +262,12 @@ func TestOverlapForbidAndRunHistory(t *testing.T) {
 	// The run is recorded once the task's publish is acknowledged, an
 	// instant after the task shows in the stream.
 	var runs []wire.JobRun
-	b.waitFor("two runs in the history", func() bool {
+	check.For(t, 15*time.Second, 10*time.Millisecond, func() error {
 		var err error
-		runs, err = b.st.Runs(context.Background(), "slow", 0)
-		return err == nil && len(runs) == 2
+		if runs, err = b.st.Runs(context.Background(), "slow", 0); err != nil || len(runs) != 2 {
+			return fmt.Errorf("Runs(slow) = %d runs, %v; want 2", len(runs), err)
+		}
+		return nil
 	})
 	if len(runs) != 2 || runs[0].State != wire.TaskSucceeded || runs[1].State != wire.TaskWaiting || runs[0].Machine == "" || runs[0].Term == 0 || runs[0].RanOn != "worker-host" {
 		t.Errorf("runs = %+v, want the first SUCCEEDED on worker-host and the second WAITING, with machine and term", runs)
@@ -308,9 +317,12 @@ func TestResourceCooldown(t *testing.T) {
 	b.advance(time.Minute)
 	first := b.waitTasks(1)[0]
 	b.finishTask(first.id, wire.TaskSucceeded)
-	b.waitFor("cooldown recorded", func() bool {
-		c, err := b.st.Cooldowns(context.Background())
-		return err == nil && c["cam1"].Equal(t0.Add(time.Minute+150*time.Second))
+	check.For(t, 15*time.Second, 10*time.Millisecond, func() error {
+		want := t0.Add(time.Minute + 150*time.Second)
+		if c, err := b.st.Cooldowns(context.Background()); err != nil || !c["cam1"].Equal(want) {
+			return fmt.Errorf("Cooldowns = %v, %v; want cam1 until %s", c, err, want)
+		}
+		return nil
 	})
 	b.advance(time.Minute) // 10:02: cooling down until 10:03:30
 	ev := b.waitEvents(wire.EventJobSkipped, 1)
@@ -377,9 +389,11 @@ func TestTrigger(t *testing.T) {
 		run wire.JobRun
 		err error
 	)
-	b.waitFor("the job loaded", func() bool {
-		run, err = ask("manual")
-		return !errors.Is(err, kv.ErrNotFound) && !errors.Is(err, rpc.ErrNoResponders)
+	check.For(t, 15*time.Second, 10*time.Millisecond, func() error {
+		if run, err = ask("manual"); errors.Is(err, kv.ErrNotFound) || errors.Is(err, rpc.ErrNoResponders) {
+			return fmt.Errorf("trigger(manual) = %w, want the scheduler to have loaded the job", err)
+		}
+		return nil
 	})
 	if err != nil || run.Trigger != wire.TriggerManual {
 		t.Fatalf("trigger = %+v, %v; want a manual run (a paused job can be triggered by hand)", run, err)
@@ -492,9 +506,12 @@ func TestReconcileFromTaskBucket(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.advance(5 * time.Minute)
-	b.waitFor("the run ended from gantry_tasks", func() bool {
+	check.For(t, 15*time.Second, 10*time.Millisecond, func() error {
 		r, err := b.st.Run(context.Background(), "rec", first.planned)
-		return err == nil && r.State == wire.TaskNeedsReview && r.Attempts == 3 && r.Error == "exit status 2"
+		if err != nil || r.State != wire.TaskNeedsReview || r.Attempts != 3 || r.Error != "exit status 2" {
+			return fmt.Errorf("Run(rec, %s) = %+v, %v; want NEEDS_REVIEW after 3 attempts with exit status 2, from gantry_tasks", first.planned, r, err)
+		}
+		return nil
 	})
 }
 
@@ -538,9 +555,11 @@ func TestMisfireOnceAfterShortDowntime(t *testing.T) {
 	if !got[0].planned.Equal(t0) {
 		t.Errorf("task planned %s, want the latest missed time %s", got[0].planned, t0)
 	}
-	b.waitFor("state saved", func() bool {
-		st, err := b.st.State(context.Background(), "tick")
-		return err == nil && st.LastPlanned.Equal(t0)
+	check.For(t, 15*time.Second, 10*time.Millisecond, func() error {
+		if st, err := b.st.State(context.Background(), "tick"); err != nil || !st.LastPlanned.Equal(t0) {
+			return fmt.Errorf("State(tick) LastPlanned = %s, %v; want %s saved", st.LastPlanned, err, t0)
+		}
+		return nil
 	})
 	if ev := b.waitEvents(wire.EventJobMissed, 8); len(ev) != 8 {
 		t.Errorf("JOB_MISSED = %d, want 8 (09:58:40 .. 09:59:50)", len(ev))

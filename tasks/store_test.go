@@ -15,6 +15,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -194,17 +195,12 @@ func TestTaskStoreRetention(t *testing.T) {
 	if _, err := s.Put(ctx, rec("last", wire.TaskSucceeded)); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		_, _, err := s.Get(ctx, "last")
-		if errors.Is(err, tasks.ErrNotFound) {
-			break
+	check.For(t, 15*time.Second, 50*time.Millisecond, func() error {
+		if _, _, err := s.Get(ctx, "last"); !errors.Is(err, tasks.ErrNotFound) {
+			return fmt.Errorf("Get(last) error = %v after a put with a %v retention, want ErrTaskNotFound", err, retention)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Get(last) = %v 15s after a put with a %v retention, want ErrTaskNotFound", err, retention)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 	for id, st := range written {
 		_, _, err := s.Get(ctx, id)
 		gone := errors.Is(err, tasks.ErrNotFound)

@@ -50,8 +50,9 @@ func parentOf(pid int) (int, error) {
 	return strconv.Atoi(string(f[1]))
 }
 
-// descendants returns every process below root, found in /proc.
-func descendants(root int) map[int]bool {
+// descendants returns every process below root, found in /proc, each
+// after its parent.
+func descendants(root int) []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -66,14 +67,16 @@ func descendants(root int) map[int]bool {
 			children[ppid] = append(children[ppid], pid)
 		}
 	}
-	out := map[int]bool{}
+	var out []int
+	seen := map[int]bool{}
 	next := []int{root}
 	for len(next) > 0 {
 		pid := next[len(next)-1]
 		next = next[:len(next)-1]
 		for _, c := range children[pid] {
-			if !out[c] {
-				out[c] = true
+			if !seen[c] {
+				seen[c] = true
+				out = append(out, c)
 				next = append(next, c)
 			}
 		}

@@ -246,10 +246,16 @@ func shellStatus(ws syscall.WaitStatus) int {
 	return ws.ExitStatus()
 }
 
-// signalTree sends sig to every descendant of the shim.
+// signalTree sends sig to every descendant of the shim, parents first: a
+// shell waiting for its children would otherwise see them die and exit 0
+// before its own signal reached it.
 func signalTree(self int, sig syscall.Signal) {
-	tree := descendants(self)
-	for pid := range tree {
+	pids := descendants(self)
+	tree := make(map[int]bool, len(pids))
+	for _, pid := range pids {
+		tree[pid] = true
+	}
+	for _, pid := range pids {
 		_ = signalPinned(pid, sig, func() bool {
 			ppid, err := parentOf(pid)
 			return err == nil && (ppid == self || tree[ppid])
