@@ -41,9 +41,11 @@ func TestJobsThroughScheduler(t *testing.T) {
 	// A trigger fires even a paused job; no workers run, so its run stays
 	// unfinished and the job forbids another.
 	var run1 client.JobRun
+	// The leader may not know the job yet (not found), nor serve triggers
+	// yet an instant after it leads (unavailable).
 	waitFor(t, "a trigger the scheduler accepts", func() bool {
 		run1, err = c.TriggerJob(ctx, "tick")
-		return !errors.Is(err, client.ErrNotFound)
+		return !errors.Is(err, client.ErrNotFound) && !errors.Is(err, client.ErrUnavailable)
 	})
 	if err != nil || run1.Trigger != wire.TriggerManual || run1.Job != "tick" {
 		t.Fatalf("TriggerJob = %+v, %v; want a manual run of tick", run1, err)

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/workers"
 )
 
@@ -96,11 +98,10 @@ func (b *bundle) startWorkers(t *testing.T, cfg workers.Config, handlers map[str
 // 20 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s = not within 20s, want it", what)
+	check.For(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if !cond() {
+			return fmt.Errorf("%s = not yet, want it", what)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
