@@ -235,9 +235,15 @@ func TestRunTasksQueueOnResource(t *testing.T) {
 	if r.Waiters[0].TaskID != "behind" {
 		t.Errorf("line = %+v, want task behind", r.Waiters)
 	}
-	if rec := taskJSON(t, u, "behind"); rec.State != "WAITING" || !strings.Contains(rec.LastError, "waiting for resource cam1: held by alice") {
-		t.Errorf("task while waiting = %s %q, want WAITING for cam1 held by alice", rec.State, rec.LastError)
-	}
+	// The record follows the wait's status as it is written (the first
+	// may say the resource was free an instant before alice's lease was
+	// read).
+	poll.For(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if rec := taskJSON(t, u, "behind"); rec.State != "WAITING" || !strings.Contains(rec.LastError, "waiting for resource cam1: held by alice") {
+			return fmt.Errorf("task while waiting = %s %q, want WAITING for cam1 held by alice", rec.State, rec.LastError)
+		}
+		return nil
+	})
 	released := time.Now()
 	if code, _, errs := leaseCLI(t, u, "lease", "release", "cam1", "--owner", "alice"); code != exitOK {
 		t.Fatalf("release by alice = %d %q", code, errs)
