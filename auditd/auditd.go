@@ -18,6 +18,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/internal/durable"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
 )
 
@@ -54,6 +55,14 @@ type Config struct {
 	RetryDelay time.Duration
 	// MaxRetryDelay caps RetryDelay. Defaults to 5 s.
 	MaxRetryDelay time.Duration
+	// MinFreeSpace is the room, in bytes, the store's file system must have
+	// before a store that failed (a full disk) is reopened. Defaults to
+	// DefaultMinFreeSpace (64 MiB).
+	MinFreeSpace uint64
+	// ConsumerCheck is how often the consumer is checked for having been
+	// deleted (it is recreated, as is a deleted audit stream). Defaults to
+	// durable.DefaultCheckInterval (5 s).
+	ConsumerCheck time.Duration
 	// FS is the file system the store writes through. Defaults to the
 	// operating system's.
 	FS vfs.FS
@@ -86,6 +95,9 @@ type Service struct {
 	stopping <-chan struct{}
 
 	stored, malformed, writeErrors, expired atomic.Uint64
+
+	// cons is the durable consumer, once Run has started it.
+	cons atomic.Pointer[durable.Consumer]
 }
 
 // New validates cfg and returns a sink that consumes through nc.
@@ -127,6 +139,18 @@ func New(cfg Config, nc *nats.Conn) (*Service, error) {
 	return s, nil
 }
 
+// Healthy returns nil while the sink consumes the audit stream into its
+// store, and why not otherwise: before Run has started its consumer, while
+// the consumer (or the stream) is being recreated after it was deleted, or
+// while the store is failed (a full disk) and not reopened yet.
+func (s *Service) Healthy() error {
+	c := s.cons.Load()
+	if c == nil {
+		return errors.New("auditd not consuming yet")
+	}
+	return errors.Join(c.Healthy(), s.store.Err())
+}
+
 // Stats returns the sink's counters.
 func (s *Service) Stats() wire.AuditStats {
 	ret := "0s"
@@ -150,7 +174,10 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) run(ctx context.Context, lc *lifecycle.Runner) error {
 	s.stopping = lc.Stopping()
 	s.removeStaleBackups()
-	store, err := OpenStore(s.cfg.Dir, StoreOptions{Logger: s.log, FS: s.cfg.FS})
+	// A page's reply must fit the broker's message limit, with room for
+	// its envelope.
+	pageBytes := min(DefaultPageBytes, int(s.nc.MaxPayload())-16<<10)
+	store, err := OpenStore(s.cfg.Dir, StoreOptions{Logger: s.log, FS: s.cfg.FS, PageBytes: pageBytes, MinFreeSpace: s.cfg.MinFreeSpace})
 	if err != nil {
 		return err
 	}
@@ -161,30 +188,24 @@ func (s *Service) run(ctx context.Context, lc *lifecycle.Runner) error {
 		}
 	}()
 
-	cons, err := s.consumer(ctx)
-	if err != nil || cons == nil {
-		return err
-	}
-	svc, err := s.addService()
-	if err != nil {
-		return err
-	}
-	defer func() { _ = svc.Stop() }()
-
 	in := make(chan jetstream.Msg, s.cfg.BatchSize)
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	cc, err := s.consume(ctx, func(m jetstream.Msg) {
 		select {
 		case in <- m:
 		case <-s.stopping:
 		case <-ctx.Done():
 		}
-	}, jetstream.PullMaxMessages(s.cfg.BatchSize), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		s.log.Debug("audit consume", "err", err)
-	}))
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", wire.StreamAudit, err)
+	})
+	if err != nil || cc == nil {
+		return err
 	}
 	defer cc.Stop()
+	s.cons.Store(cc)
+	svc, err := s.addService()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = svc.Stop() }()
 
 	var wg sync.WaitGroup
 	rctx, cancelRetention := context.WithCancel(ctx)
@@ -199,9 +220,11 @@ func (s *Service) run(ctx context.Context, lc *lifecycle.Runner) error {
 	return s.ingest(ctx, in)
 }
 
-// consumer creates or updates the durable consumer, retrying while the
-// stream is not there yet. It returns no consumer and no error on Stop.
-func (s *Service) consumer(ctx context.Context) (jetstream.Consumer, error) {
+// consume creates or updates the durable consumer and consumes it into
+// handler, retrying while the stream is not there yet. It returns no
+// consumer and no error on Stop. The consumer, or the stream, deleted later
+// is recreated as provisioned (internal/durable).
+func (s *Service) consume(ctx context.Context, handler jetstream.MessageHandler) (*durable.Consumer, error) {
 	cc := jetstream.ConsumerConfig{
 		Durable:       s.cfg.Consumer,
 		Description:   "auditd: every audit event into the Pebble store",
@@ -213,7 +236,15 @@ func (s *Service) consumer(ctx context.Context) (jetstream.Consumer, error) {
 	}
 	for {
 		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		cons, err := s.js.CreateOrUpdateConsumer(tctx, wire.StreamAudit, cc)
+		var cons *durable.Consumer
+		stream, err := s.js.Stream(tctx, wire.StreamAudit)
+		if err == nil {
+			cons, err = durable.Start(tctx, s.js, durable.Config{
+				Stream: stream.CachedInfo().Config, Consumer: cc, Handler: handler,
+				Options:       []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(s.cfg.BatchSize)},
+				CheckInterval: s.cfg.ConsumerCheck, Logger: s.log,
+			})
+		}
 		cancel()
 		if err == nil {
 			return cons, nil

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -572,5 +575,200 @@ func TestStopWhileWaitingForTheStream(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return within 5s of Stop")
+	}
+}
+
+// TestServicePagesBySize: a page stops before its reply would pass the
+// broker's message limit, with a cursor: 5000 small events asked in one
+// page, and two 600 KB events of one task (any client may publish them), all
+// come back; none is dropped for being too large.
+func TestServicePagesBySize(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	startService(t, env, Config{Dir: t.TempDir()})
+	evs := make([]wire.Event, 5000)
+	for i := range evs {
+		evs[i] = wire.Event{ID: fmt.Sprintf("ev-%05d", i), Time: t0.Add(time.Duration(i) * time.Millisecond),
+			Type: wire.EventTaskFinished, Level: wire.LevelInfo, Component: "test", Host: "pc-1", TaskID: fmt.Sprintf("small-%d", i),
+			Message: strings.Repeat("m", 300)}
+	}
+	big := strings.Repeat("b", 600<<10)
+	for i := range 2 {
+		evs = append(evs, wire.Event{ID: fmt.Sprintf("big-%d", i), Time: t0.Add(time.Hour + time.Duration(i)*time.Second),
+			Type: wire.EventTaskFinished, Level: wire.LevelInfo, Component: "test", Host: "pc-1", TaskID: "big-task",
+			Payload: json.RawMessage(`{"blob":"` + big + `"}`)})
+	}
+	publish(t, env.JS, evs)
+	waitStored(t, env.NC, len(evs))
+
+	for _, q := range []wire.AuditQuery{{Limit: 5000}, {TaskID: "big-task"}} {
+		// The rest of the 5000 is asked for page by page, as the CLI does.
+		var all []wire.Event
+		pages, limit := 0, q.Limit
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			var page wire.AuditPage
+			err := rpc.Request(ctx, env.NC, wire.SubjectAuditQuery, q, &page)
+			cancel()
+			if err != nil {
+				t.Fatalf("query %+v, page %d: %v", q, pages+1, err)
+			}
+			pages++
+			all = append(all, page.Events...)
+			if page.Cursor == "" || limit > 0 && len(all) >= limit {
+				break
+			}
+			q.Cursor = page.Cursor
+			if limit > 0 {
+				q.Limit = limit - len(all)
+			}
+		}
+		want := 5000
+		if q.TaskID != "" {
+			want = 2
+		}
+		if len(all) != want || pages < 2 {
+			t.Errorf("query %+v = %d events in %d pages, want %d in more than one page", q, len(all), pages, want)
+		}
+		if q.TaskID != "" && (string(all[0].Payload) != `{"blob":"`+big+`"}` || all[1].ID != "big-1") {
+			t.Errorf("big events = %s (%d bytes), %s; want both whole", all[0].ID, len(all[0].Payload), all[1].ID)
+		}
+	}
+}
+
+// TestServiceRecreatesItsConsumer: auditd's consumer, then the audit
+// stream, deleted behind its back, are recreated, and events published
+// after are stored; Healthy says so meanwhile.
+func TestServiceRecreatesItsConsumer(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	s := startService(t, env, Config{Dir: t.TempDir(), ConsumerCheck: 100 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	evs := testEvents(2)
+	for i, remove := range []func() error{
+		func() error { return env.JS.DeleteConsumer(ctx, wire.StreamAudit, DefaultConsumer) },
+		func() error { return env.JS.DeleteStream(ctx, wire.StreamAudit) },
+	} {
+		if err := remove(); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "consuming again", func() (bool, string) {
+			if err := s.Healthy(); err != nil {
+				return false, err.Error()
+			}
+			if _, err := env.JS.Stream(ctx, wire.StreamAudit); err != nil {
+				return false, err.Error()
+			}
+			return true, ""
+		})
+		publish(t, env.JS, evs[i:i+1])
+		waitStored(t, env.NC, i+1)
+	}
+}
+
+// countingHandler counts the ERROR records with message msg and passes
+// every record on.
+type countingHandler struct {
+	slog.Handler
+	msg string
+	n   *atomic.Int64
+}
+
+func (h countingHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level == slog.LevelError && r.Message == h.msg {
+		h.n.Add(1)
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h countingHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return countingHandler{h.Handler.WithAttrs(as), h.msg, h.n}
+}
+
+func (h countingHandler) WithGroup(g string) slog.Handler {
+	return countingHandler{h.Handler.WithGroup(g), h.msg, h.n}
+}
+
+// TestServiceOnAFullDisk: auditd's disk is full. Writes wait (nothing is
+// acknowledged), queries answer at once, /readyz would say why (Healthy),
+// Pebble is never left retrying and logging ninety errors a second, a Stop
+// returns at once, and once space is freed every event is stored.
+func TestServiceOnAFullDisk(t *testing.T) {
+	t.Parallel()
+	small := brokertest.SmallDisk(t, "96m")
+	env := brokertest.Start(t)
+	var pebbleErrors atomic.Int64
+	log := slog.New(countingHandler{env.Log.Handler(), "pebble", &pebbleErrors})
+	s, err := New(Config{Dir: small + "/audit", MinFreeSpace: 2 << 20, RetryDelay: 20 * time.Millisecond,
+		MaxRetryDelay: 200 * time.Millisecond, Logger: log}, env.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(context.Background()) }()
+	t.Cleanup(func() {
+		s.Stop()
+		<-done
+	})
+	select {
+	case <-s.Ready():
+	case <-time.After(20 * time.Second):
+		t.Fatal("not ready within 20s")
+	}
+	free := brokertest.FillDisk(t, small)
+	var evs []wire.Event
+	for i := range 400 {
+		evs = append(evs, wire.Event{ID: fmt.Sprintf("fill-%04d", i), Time: t0.Add(time.Duration(i) * time.Second),
+			Type: wire.EventTaskFinished, Level: wire.LevelInfo, Component: "test", Host: "pc-1", Message: strings.Repeat("m", 8<<10)})
+	}
+	publish(t, env.JS, evs)
+	eventually(t, "the store failed", func() (bool, string) {
+		err := s.Healthy()
+		return err != nil, fmt.Sprint(err)
+	})
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err = rpc.Request(ctx, env.NC, wire.SubjectAuditQuery, wire.AuditQuery{}, nil)
+	cancel()
+	if (err != nil && !errors.Is(err, kv.ErrUnavailable)) || time.Since(start) > time.Second {
+		t.Errorf("query on a full disk = %v after %v, want an answer (or a 503) at once", err, time.Since(start))
+	}
+	before := pebbleErrors.Load()
+	time.Sleep(2 * time.Second) // a span to count log lines over, not a wait for something
+	if n := pebbleErrors.Load() - before; n > 4 {
+		t.Errorf("pebble errors logged in 2s on a full disk = %d, want at most a few", n)
+	}
+
+	free()
+	waitStored(t, env.NC, len(evs))
+	if err := s.Healthy(); err != nil {
+		t.Errorf("Healthy once stored again = %v, want nil", err)
+	}
+
+	// Full again: Stop ends Run at once.
+	free = brokertest.FillDisk(t, small)
+	defer free()
+	publish(t, env.JS, evs[:1])
+	eventually(t, "the store failed again", func() (bool, string) {
+		more := make([]wire.Event, 50)
+		for i := range more {
+			more[i] = evs[i]
+			more[i].ID = fmt.Sprintf("again-%d-%d", time.Now().UnixNano(), i)
+		}
+		publish(t, env.JS, more)
+		err := s.Healthy()
+		return err != nil, fmt.Sprint(err)
+	})
+	start = time.Now()
+	s.Stop()
+	select {
+	case err := <-done:
+		done <- err
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("Stop on a full disk took %v, want at once", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still running 10s after Stop on a full disk")
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/disk"
 	"github.com/gantry-dev/gantry/kv"
 )
 
@@ -55,7 +56,24 @@ type StoreOptions struct {
 	// filter matching few of many events cannot hold the service for long.
 	// Defaults to 200,000.
 	ScanBudget int
+	// PageBytes caps the encoded size of one query page's events: a page
+	// stops before it, with a cursor, whatever its limit, so that the reply
+	// fits the broker's message limit. An event larger on its own comes
+	// alone, its payload (and, if still too large, its message) cut.
+	// Defaults to DefaultPageBytes.
+	PageBytes int
+	// MinFreeSpace is the room, in bytes, the store's file system must
+	// have before Recover reopens a failed store. Defaults to
+	// DefaultMinFreeSpace (64 MiB: a memtable's flush).
+	MinFreeSpace uint64
 }
+
+// DefaultMinFreeSpace is StoreOptions.MinFreeSpace unless set.
+const DefaultMinFreeSpace = 64 << 20
+
+// DefaultPageBytes is StoreOptions.PageBytes unless set: room for a page
+// and its envelope within the broker's default 1 MiB message limit.
+const DefaultPageBytes = 1<<20 - 16<<10
 
 // Store is the Pebble audit store. It is safe for concurrent use. After a
 // failed write it refuses reads and writes with ErrUnavailable until Recover
@@ -74,6 +92,8 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	opts.Logger = cmp.Or(opts.Logger, slog.New(slog.DiscardHandler))
 	opts.FS = cmp.Or(opts.FS, vfs.Default)
 	opts.ScanBudget = cmp.Or(opts.ScanBudget, 200_000)
+	opts.PageBytes = cmp.Or(opts.PageBytes, DefaultPageBytes)
+	opts.MinFreeSpace = cmp.Or(opts.MinFreeSpace, DefaultMinFreeSpace)
 	s := &Store{dir: dir, opts: opts}
 	db, err := s.open()
 	if err != nil {
@@ -104,7 +124,7 @@ func pebbleOptions(fs vfs.FS, log *slog.Logger) *pebble.Options {
 	return &pebble.Options{
 		FS:                 fs,
 		FormatMajorVersion: pebble.FormatNewest,
-		Logger:             pebbleLogger{log},
+		Logger:             &pebbleLogger{log: log},
 		MemTableSize:       32 << 20,
 		Cache:              pebble.NewCache(64 << 20),
 	}
@@ -135,10 +155,16 @@ func (s *Store) Recover() error {
 		return nil
 	}
 	if s.db != nil {
+		// Closing stops Pebble retrying its failed background work.
 		if err := guard(s.db.Close); err != nil {
 			s.opts.Logger.Debug("close failed audit store", "err", err)
 		}
 		s.db = nil
+	}
+	// Opening replays the write-ahead log into a flush: on a full disk it
+	// would retry that flush forever, holding the store.
+	if free, err := disk.Free(s.dir); err == nil && free < s.opts.MinFreeSpace {
+		return fmt.Errorf("%w: %d bytes free in %s, want at least %d before reopening", ErrUnavailable, free, s.dir, s.opts.MinFreeSpace)
 	}
 	db, err := s.open()
 	if err != nil {
@@ -147,6 +173,47 @@ func (s *Store) Recover() error {
 	s.db = db
 	s.failed.Store(nil)
 	return nil
+}
+
+// acquire returns the open database, held for reading until release, or
+// ErrUnavailable at once: while the store is failed, and while it is being
+// reopened or closed (a reopen can take long; a query must not wait for
+// it and time out).
+func (s *Store) acquire() (*pebble.DB, func(), error) {
+	if errp := s.failed.Load(); errp != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrUnavailable, *errp)
+	}
+	if !s.mu.TryRLock() {
+		return nil, nil, fmt.Errorf("%w: being reopened", ErrUnavailable)
+	}
+	db, err := s.healthy()
+	if err != nil {
+		s.mu.RUnlock()
+		return nil, nil, err
+	}
+	return db, s.mu.RUnlock, nil
+}
+
+// Err returns nil while the store can be written, and an error matching
+// ErrUnavailable while it is failed or its file system has less than
+// MinFreeSpace left.
+func (s *Store) Err() error {
+	if errp := s.failed.Load(); errp != nil {
+		return fmt.Errorf("%w: %v", ErrUnavailable, *errp)
+	}
+	return s.room()
+}
+
+// room returns ErrUnavailable when the store's file system has less than
+// MinFreeSpace left. Write checks it first: Pebble does not survive every
+// write error (a failed rotation of its log ends the process), so it is
+// never given a full disk to write to.
+func (s *Store) room() error {
+	free, err := disk.Free(s.dir)
+	if err != nil || free >= s.opts.MinFreeSpace {
+		return nil
+	}
+	return fmt.Errorf("%w: %d bytes free in %s, want at least %d: writes wait for room", ErrUnavailable, free, s.dir, s.opts.MinFreeSpace)
 }
 
 // healthy returns the open database, or ErrUnavailable. The caller holds
@@ -186,7 +253,8 @@ func Validate(ev *wire.Event) error {
 }
 
 // Write stores events in one batch committed with fsync and returns how
-// many it wrote. It is idempotent: an event is keyed by its time and id, so
+// many it wrote. It refuses, with ErrUnavailable, while the file system has
+// less than MinFreeSpace left. It is idempotent: an event is keyed by its time and id, so
 // writing it again (a redelivered batch, a producer's retry) puts the same
 // keys over themselves and adds nothing. Payloads are redacted again before
 // they are stored. Every event must pass Validate. On a write error the
@@ -200,9 +268,13 @@ func (s *Store) Write(events []wire.Event) (int, error) {
 	if len(events) == 0 {
 		return 0, nil
 	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	db, err := s.healthy()
+	if err := s.room(); err != nil {
+		return 0, err
+	}
+	db, release, err := s.acquire()
+	if err == nil {
+		defer release()
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -243,14 +315,15 @@ func (s *Store) Query(q wire.AuditQuery) (wire.AuditPage, error) {
 	if err != nil {
 		return wire.AuditPage{}, err
 	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	db, err := s.healthy()
+	db, release, err := s.acquire()
+	if err == nil {
+		defer release()
+	}
 	if err != nil {
 		return wire.AuditPage{}, err
 	}
 	page := wire.AuditPage{Events: []wire.Event{}}
-	err = guard(func() error { return plan.run(db, &page, s.opts.ScanBudget) })
+	err = guard(func() error { return plan.run(db, &page, s.opts.ScanBudget, s.opts.PageBytes) })
 	if err != nil {
 		return wire.AuditPage{}, fmt.Errorf("query audit store: %w", err)
 	}
@@ -332,9 +405,10 @@ func (p *queryPlan) keyAt(suffix []byte) []byte {
 func inRange(t time.Time) bool { return t.Year() >= 1700 && t.Year() <= 2200 }
 
 // run fills page, walking the plan's key range in time order until the
-// limit or the scan budget is reached. Index queries fetch each event, in
-// the order the index names them, with a second iterator.
-func (p *queryPlan) run(db *pebble.DB, page *wire.AuditPage, budget int) error {
+// limit, the scan budget or the page's byte budget is reached. Index
+// queries fetch each event, in the order the index names them, with a
+// second iterator.
+func (p *queryPlan) run(db *pebble.DB, page *wire.AuditPage, budget, pageBytes int) error {
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: p.lower, UpperBound: p.upper})
 	if err != nil {
 		return err
@@ -348,7 +422,7 @@ func (p *queryPlan) run(db *pebble.DB, page *wire.AuditPage, budget int) error {
 		defer events.Close()
 	}
 	var last []byte // the last key's suffix done with
-	scanned := 0
+	scanned, size := 0, 0
 	for valid := it.First(); valid; valid = it.Next() {
 		if scanned == budget {
 			page.Cursor = base64.RawURLEncoding.EncodeToString(last)
@@ -369,15 +443,31 @@ func (p *queryPlan) run(db *pebble.DB, page *wire.AuditPage, budget int) error {
 			return fmt.Errorf("decode stored event %x: %w", suffix, err)
 		}
 		if p.match(&ev) {
-			if len(page.Events) == p.q.Limit {
+			// The stored JSON is what the reply encodes: its length, and
+			// a comma, is what the event adds to the page.
+			if len(page.Events) == p.q.Limit || len(page.Events) > 0 && size+len(raw)+1 > pageBytes {
 				page.Cursor = base64.RawURLEncoding.EncodeToString(last)
 				return nil
 			}
+			if len(raw) > pageBytes {
+				cut(&ev, len(raw), pageBytes)
+			}
+			size += len(raw) + 1
 			page.Events = append(page.Events, ev)
 		}
 		last = append(last[:0], suffix...)
 	}
 	return it.Error()
+}
+
+// cut makes an event of size bytes fit a page of pageBytes on its own: its
+// payload becomes a JSON string saying what was left out, and its message
+// is shortened if that is not enough. The store keeps the event whole.
+func cut(ev *wire.Event, size, pageBytes int) {
+	ev.Payload = json.RawMessage(fmt.Sprintf(`"[PAYLOAD OMITTED: the event is %d bytes, over a query page's %d]"`, size, pageBytes))
+	if over := len(ev.Message) - pageBytes/2; over > 0 {
+		ev.Message = ev.Message[:pageBytes/2] + "…[cut]"
+	}
 }
 
 // suffixOf returns the <time><id> of an event key or an index key.
@@ -416,9 +506,10 @@ func (s *Store) DeleteBefore(ctx context.Context, cutoff time.Time) (int, error)
 	if !inRange(cutoff) {
 		return 0, nil
 	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	db, err := s.healthy()
+	db, release, err := s.acquire()
+	if err == nil {
+		defer release()
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -482,9 +573,10 @@ func (s *Store) DeleteBefore(ctx context.Context, cutoff time.Time) (int, error)
 // Checkpoint writes a consistent copy of the store into dir, which must
 // not exist yet; the copy opens with OpenStore.
 func (s *Store) Checkpoint(dir string) error {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	db, err := s.healthy()
+	db, release, err := s.acquire()
+	if err == nil {
+		defer release()
+	}
 	if err != nil {
 		return err
 	}
@@ -515,17 +607,35 @@ func guard(f func() error) (err error) {
 }
 
 // pebbleLogger sends Pebble's messages to slog; Fatalf panics with a
-// fatalError instead of exiting.
-type pebbleLogger struct{ log *slog.Logger }
+// fatalError instead of exiting. Errors are logged at most once a second,
+// with how many were left out: a background flush failing on a full disk
+// is retried, and reported, some ninety times a second.
+type pebbleLogger struct {
+	log *slog.Logger
 
-func (l pebbleLogger) Infof(format string, args ...any) {
+	mu      sync.Mutex
+	last    time.Time
+	dropped int
+}
+
+func (l *pebbleLogger) Infof(format string, args ...any) {
 	l.log.Debug("pebble", "msg", fmt.Sprintf(format, args...))
 }
 
-func (l pebbleLogger) Errorf(format string, args ...any) {
-	l.log.Error("pebble", "err", fmt.Sprintf(format, args...))
+func (l *pebbleLogger) Errorf(format string, args ...any) {
+	l.mu.Lock()
+	now := time.Now()
+	if now.Sub(l.last) < time.Second {
+		l.dropped++
+		l.mu.Unlock()
+		return
+	}
+	dropped := l.dropped
+	l.last, l.dropped = now, 0
+	l.mu.Unlock()
+	l.log.Error("pebble", "err", fmt.Sprintf(format, args...), "like_it_since_last", dropped)
 }
 
-func (l pebbleLogger) Fatalf(format string, args ...any) {
+func (l *pebbleLogger) Fatalf(format string, args ...any) {
 	panic(fatalError{msg: fmt.Sprintf(format, args...)})
 }

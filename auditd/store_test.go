@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -485,5 +486,71 @@ func TestQueryScanBudget(t *testing.T) {
 	page, err := s.Query(q)
 	if err != nil || len(page.Events) != 0 || page.Cursor == "" {
 		t.Errorf("no match within budget = %d events, cursor %q, %v; want none and a cursor", len(page.Events), page.Cursor, err)
+	}
+}
+
+// TestQueryPageBytes: a page stops before its byte budget, whatever its
+// limit; an event over the budget on its own comes alone, its payload
+// replaced by a note, and stays whole in the store.
+func TestQueryPageBytes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s, err := OpenStore(dir, StoreOptions{PageBytes: 2000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := testEvents(10)
+	for i := range evs {
+		evs[i].Payload = json.RawMessage(`{"pad":"` + strings.Repeat("p", 500) + `"}`)
+	}
+	evs[4].Payload = json.RawMessage(`{"pad":"` + strings.Repeat("q", 5000) + `"}`)
+	write(t, s, evs)
+	q := wire.AuditQuery{Limit: 100}
+	var got []string
+	for pages := 1; ; pages++ {
+		page, err := s.Query(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		size := 0
+		for _, ev := range page.Events {
+			data, _ := json.Marshal(ev)
+			size += len(data) + 1
+			if ev.ID == evs[4].ID && (len(page.Events) != 1 || !strings.Contains(string(ev.Payload), "OMITTED")) {
+				t.Errorf("page %d holds the large event with %d others, payload %.40s; want it alone, its payload omitted", pages, len(page.Events)-1, ev.Payload)
+			}
+		}
+		if size > 2000 {
+			t.Errorf("page %d = %d bytes of events, want at most 2000", pages, size)
+		}
+		got = append(got, ids(page.Events)...)
+		if page.Cursor == "" {
+			break
+		}
+		q.Cursor = page.Cursor
+	}
+	if !slices.Equal(got, ids(evs)) {
+		t.Errorf("paged by size: got %v, want %v", got, ids(evs))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if whole := queryAll(t, openTestStore(t, dir), wire.AuditQuery{TaskID: evs[4].TaskID}); !slices.ContainsFunc(whole, func(ev wire.Event) bool {
+		return ev.ID == evs[4].ID && len(ev.Payload) > 5000
+	}) {
+		t.Errorf("the large event is no longer whole in the store")
+	}
+}
+
+// TestQueryDoesNotWaitForAReopen: while the store is being reopened (a
+// Recover holds it), a query answers ErrUnavailable at once rather than
+// waiting, and its requester timing out.
+func TestQueryDoesNotWaitForAReopen(t *testing.T) {
+	t.Parallel()
+	s := openTestStore(t, t.TempDir())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.Query(wire.AuditQuery{}); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Query during a reopen = %v, want ErrUnavailable", err)
 	}
 }

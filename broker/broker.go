@@ -34,6 +34,14 @@ const (
 	SyncInterval SyncPolicy = "interval"
 )
 
+// The range of Config.SyncInterval. nats-server panics on a sync interval
+// under 2ns; one under MinSyncInterval would flush all the time, one over
+// MaxSyncInterval leaves too much at risk.
+const (
+	MinSyncInterval = 10 * time.Millisecond
+	MaxSyncInterval = time.Hour
+)
+
 // ErrInsecureListen is returned by New when the broker would listen beyond
 // loopback without authentication.
 var ErrInsecureListen = errors.New("listening beyond loopback needs authentication")
@@ -117,7 +125,8 @@ type Config struct {
 	// the last SyncInterval; SyncAlways closes that gap at ~50x the cost per
 	// write (docs/operations.md).
 	Sync SyncPolicy
-	// SyncInterval is the flush interval under SyncInterval. Defaults to 1s.
+	// SyncInterval is the flush interval under SyncInterval, from
+	// MinSyncInterval to MaxSyncInterval. Defaults to 1s.
 	SyncInterval time.Duration
 	// Users, when set, are the only credentials the broker accepts, and
 	// allow listening beyond loopback. Defaults to none (no authentication,
@@ -149,6 +158,13 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// Logger receives the server's log. Defaults to discarding it.
 	Logger *slog.Logger
+	// MinFreeSpace is the room, in bytes, the data dir needs for the
+	// broker to be ready (Healthy), and to restart JetStream after a write
+	// failed for want of it. Defaults to DefaultMinFreeSpace (64 MiB).
+	MinFreeSpace uint64
+	// StorageCheck is how often a failed store is checked for room again.
+	// Defaults to DefaultStorageCheck (2 s).
+	StorageCheck time.Duration
 }
 
 // Broker is an embedded NATS server with JetStream. It starts once: Start
@@ -178,6 +194,10 @@ type Broker struct {
 	// fatal receives the server's first fatal error (a listener that
 	// could not start), which it logs and does not return.
 	fatal chan error
+
+	// storage watches the store and restarts JetStream after a write
+	// failed for want of room.
+	storage storage
 }
 
 // internalUserName is the user in-process components connect as when
@@ -192,6 +212,8 @@ func New(cfg Config) (*Broker, error) {
 	cfg.SyncInterval = cmp.Or(cfg.SyncInterval, time.Second)
 	cfg.MaxPayload = cmp.Or(cfg.MaxPayload, 1<<20)
 	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, 10*time.Second)
+	cfg.MinFreeSpace = cmp.Or(cfg.MinFreeSpace, DefaultMinFreeSpace)
+	cfg.StorageCheck = cmp.Or(cfg.StorageCheck, DefaultStorageCheck)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -200,6 +222,9 @@ func New(cfg Config) (*Broker, error) {
 	}
 	if cfg.Sync != SyncAlways && cfg.Sync != SyncInterval {
 		return nil, fmt.Errorf("broker: unknown sync policy %q (want %q or %q)", cfg.Sync, SyncAlways, SyncInterval)
+	}
+	if cfg.SyncInterval < MinSyncInterval || cfg.SyncInterval > MaxSyncInterval {
+		return nil, fmt.Errorf("broker: sync interval %v: want %v to %v", cfg.SyncInterval, MinSyncInterval, MaxSyncInterval)
 	}
 	host, portStr, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
@@ -217,6 +242,7 @@ func New(cfg Config) (*Broker, error) {
 	}
 	cfg.ServerName = cmp.Or(cfg.ServerName, "gantry-"+portStr)
 	b := &Broker{cfg: cfg, log: cfg.Logger, host: host, port: port, fatal: make(chan error, 1)}
+	b.storage.b = b
 	if len(cfg.Users) > 0 {
 		b.internalUser = User{Name: internalUserName, Password: randomSecret()}
 	}
@@ -262,6 +288,10 @@ func (b *Broker) Start(ctx context.Context) error {
 		return err
 	}
 	if err := b.provision(ctx, srv); err != nil {
+		b.Shutdown()
+		return err
+	}
+	if err := b.storage.start(); err != nil {
 		b.Shutdown()
 		return err
 	}
@@ -402,7 +432,7 @@ func (b *Broker) newServer(opts *server.Options) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create server: %w", err)
 	}
-	srv.SetLogger(&logAdapter{log: b.log, listen: b.cfg.Listen, fatal: b.fatal}, false, false)
+	srv.SetLogger(&logAdapter{log: b.log, listen: b.cfg.Listen, fatal: b.fatal, onError: b.storage.noteLog}, false, false)
 	b.srv = srv
 	return srv, nil
 }
@@ -458,20 +488,23 @@ func (b *Broker) Shutdown() {
 			b.stopWatch()
 			<-b.watched
 		}
+		b.storage.close()
 		srv.Shutdown()
 		srv.WaitForShutdown()
 		b.log.Info("broker stopped")
 	})
 }
 
-// logAdapter routes nats-server's log into slog. The server's own "Server
-// is ready" goes to debug: gantry logs its own ready line once every
-// component runs, and nothing else may look like it.
+// logAdapter routes nats-server's log into slog, and its errors and
+// warnings to onError too (the storage watch looks for failed writes). The
+// server's own "Server is ready" goes to debug: gantry logs its own ready
+// line once every component runs, and nothing else may look like it.
 type logAdapter struct {
 	log *slog.Logger
 	// listen is the client address, named in a fatal listen error.
-	listen string
-	fatal  chan<- error
+	listen  string
+	fatal   chan<- error
+	onError func(msg string)
 }
 
 func (l *logAdapter) Noticef(format string, v ...any) {
@@ -482,17 +515,27 @@ func (l *logAdapter) Noticef(format string, v ...any) {
 	}
 	l.log.Info(msg)
 }
-func (l *logAdapter) Warnf(format string, v ...any)  { l.log.Warn(fmt.Sprintf(format, v...)) }
-func (l *logAdapter) Errorf(format string, v ...any) { l.log.Error(fmt.Sprintf(format, v...)) }
+func (l *logAdapter) Warnf(format string, v ...any)  { l.warn(fmt.Sprintf(format, v...)) }
+func (l *logAdapter) Errorf(format string, v ...any) { l.error(fmt.Sprintf(format, v...)) }
 func (l *logAdapter) Debugf(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
 func (l *logAdapter) Tracef(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
+
+func (l *logAdapter) warn(msg string) {
+	l.log.Warn(msg)
+	l.onError(msg)
+}
+
+func (l *logAdapter) error(msg string) {
+	l.log.Error(msg)
+	l.onError(msg)
+}
 
 // Fatalf logs a fatal error of the server, which then carries on without
 // the part that failed, and hands the first one to Start. A listener that
 // could not start is ErrListen, with the OS's reason.
 func (l *logAdapter) Fatalf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
-	l.log.Error(msg)
+	l.error(msg)
 	err := errors.New(msg)
 	for _, a := range v {
 		if e, ok := a.(error); ok && strings.HasPrefix(format, "Error listening on port") {

@@ -47,8 +47,8 @@ func Streams(pc ProvisionConfig) []jetstream.StreamConfig {
 	return []jetstream.StreamConfig{
 		{
 			Name:        wire.StreamTasks,
-			Description: "gantry tasks: gantry.tasks.<queue>.<type>, sorted by priority to gantry.ready.<queue>.<type>",
-			Subjects:    []string{wire.SubjectTasksAll, wire.SubjectReadyAll},
+			Description: "gantry tasks: gantry.tasks.<queue>.<type>, sorted by priority to gantry.ready.<queue>.<type>, kept for review on gantry.review.<id>",
+			Subjects:    []string{wire.SubjectTasksAll, wire.SubjectReadyAll, wire.SubjectReviewAll},
 			Retention:   jetstream.WorkQueuePolicy,
 			Storage:     jetstream.FileStorage,
 			Replicas:    pc.Replicas,

@@ -130,7 +130,7 @@ func readAll() []string {
 	p := []string{jsInfo, jsAPI + "STREAM.NAMES", jsAPI + "STREAM.LIST",
 		jsAPI + "STREAM.INFO." + wire.StreamTasks, jsAPI + "CONSUMER.INFO." + wire.StreamTasks + ".>",
 		jsAPI + "CONSUMER.NAMES." + wire.StreamTasks, jsAPI + "CONSUMER.LIST." + wire.StreamTasks,
-		wire.SubjectAuditQuery, wire.SubjectAuditStats, wire.SubjectTaskOutput,
+		wire.SubjectAuditQuery, wire.SubjectAuditStats, wire.SubjectTaskOutput, wire.SubjectBrokerHealth,
 		"$SRV.PING", "$SRV.PING.>", "$SRV.INFO", "$SRV.INFO.>", "$SRV.STATS", "$SRV.STATS.>"}
 	p = append(p, streamRead(wire.StreamAudit)...)
 	for _, b := range wire.Buckets {
@@ -161,7 +161,11 @@ func RolePermissions(r Role) (Permissions, error) {
 		pub = append(pub, kvRead(wire.BucketQueues)...)
 		pub = append(pub, kvRead(wire.BucketRoutes)...)
 		pub = append(pub, jsAPI+"CONSUMER.PAUSE."+wire.StreamTasks+".>")
-		pub = append(pub, events("task", "resource")...)
+		// A NEEDS_REVIEW task's message is kept on its review subject; a
+		// tasks stream deleted behind its back is created again as
+		// provisioned.
+		pub = append(pub, wire.SubjectReviewAll, jsAPI+"STREAM.CREATE."+wire.StreamTasks)
+		pub = append(pub, events("task", "resource", "kv")...)
 		return Permissions{PublishAllow: pub,
 			SubscribeAllow: []string{inboxAll, wire.SubjectTaskCancel, wire.SubjectTaskOutput, advisories, elections, srvAll},
 			Responses:      true}, nil
@@ -172,14 +176,14 @@ func RolePermissions(r Role) (Permissions, error) {
 		pub = append(pub, kvWrite(wire.BucketScheduler)...)
 		pub = append(pub, kvRead(wire.BucketTasks)...)
 		pub = append(pub, streamRead(wire.StreamAudit)...)
-		pub = append(pub, events("job", "scheduler", "config")...)
+		pub = append(pub, events("job", "scheduler", "config", "kv")...)
 		return Permissions{PublishAllow: pub,
 			SubscribeAllow: []string{inboxAll, wire.SubjectSchedulerTrigger, srvAll},
 			Responses:      true}, nil
 	case RoleHealthd:
 		pub := []string{jsInfo, wire.SubjectHealthAll}
 		pub = append(pub, kvWrite(wire.BucketRoutes)...)
-		pub = append(pub, events("route", "config")...)
+		pub = append(pub, events("route", "config", "kv")...)
 		return Permissions{PublishAllow: pub,
 			SubscribeAllow: []string{inboxAll, wire.SubjectRouteReportAll, wire.SubjectRouteProbe, srvAll},
 			Responses:      true}, nil
@@ -188,6 +192,8 @@ func RolePermissions(r Role) (Permissions, error) {
 		pub := []string{jsInfo, objPrefix + wire.BucketAuditBackups + ".>",
 			jsAPI + "STREAM.CREATE." + obj, jsAPI + "STREAM.UPDATE." + obj, jsAPI + "STREAM.PURGE." + obj}
 		pub = append(pub, streamConsume(wire.StreamAudit)...)
+		// The audit stream deleted behind auditd's back is created again.
+		pub = append(pub, jsAPI+"STREAM.CREATE."+wire.StreamAudit)
 		pub = append(pub, streamRead(obj)...)
 		return Permissions{PublishAllow: pub,
 			SubscribeAllow: []string{inboxAll, wire.SubjectAuditQuery, wire.SubjectAuditBackup, wire.SubjectAuditStats, srvAll},

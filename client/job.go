@@ -46,8 +46,11 @@ type JobInfo struct {
 }
 
 // jobInfo returns j, with its defaults filled as the schedulers fill them,
-// its status and next fire, and with what st says when st is not nil.
+// its status and next fire, and with what st says when st is not nil. Its
+// payload is redacted (wire.RedactJSON): it is for display, and the
+// schedulers read the job itself.
 func jobInfo(j Job, st *wire.JobState) JobInfo {
+	j.Payload = wire.RedactJSON(j.Payload)
 	info := JobInfo{Job: j, Status: JobActive, Running: []string{}}
 	n, err := jobs.Normalize(j)
 	var spec *jobs.Spec

@@ -1,12 +1,15 @@
 package client_test
 
 import (
+	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
+	"github.com/gantry-dev/gantry/jobs"
 	"github.com/gantry-dev/gantry/scheduler"
 )
 
@@ -147,5 +150,40 @@ func TestJobsStatus(t *testing.T) {
 	fires, err := c.NextFires(ctx, "night", 7)
 	if err != nil || len(fires) != 7 || fires[6].Planned.Sub(fires[0].Planned) < 23*time.Hour {
 		t.Errorf("NextFires(night, 7) = %v, %v; want six fires in one window, the seventh a day later", fires, err)
+	}
+}
+
+// TestJobPayloadSecretsRedacted: what Job, Jobs and AddJob return for
+// display carries the payload redacted; the stored job, which schedulers
+// fire, keeps it whole.
+func TestJobPayloadSecretsRedacted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, ctx := b.c, ctx(t, 30*time.Second)
+	payload := json.RawMessage(`{"cmd":["backup.sh"],"env":{"DB_PASSWORD":"swordfish","MODE":"full"}}`)
+	added, err := c.AddJob(ctx, client.Job{Name: "nightly", Type: "exec", Every: "24h", Payload: payload})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Job(ctx, "nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, _, err := c.Jobs(ctx)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("Jobs = %v, %v; want one job", list, err)
+	}
+	for what, p := range map[string]json.RawMessage{"AddJob": added.Payload, "Job": got.Payload, "Jobs": list[0].Payload} {
+		if strings.Contains(string(p), "swordfish") || !strings.Contains(string(p), "full") {
+			t.Errorf("%s payload = %s, want DB_PASSWORD redacted and MODE kept", what, p)
+		}
+	}
+	store, err := jobs.NewStore(ctx, b.env.JS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, _, err := store.Get(ctx, "nightly")
+	if err != nil || !strings.Contains(string(stored.Payload), "swordfish") {
+		t.Errorf("stored payload = %s, %v; want it whole for the schedulers", stored.Payload, err)
 	}
 }

@@ -11,7 +11,7 @@ import (
 // TaskPayload returns the payload task id was submitted with, as it was
 // sent: secrets are not redacted (wire.RedactJSON redacts them for
 // display). It is read from the task's message: in the tasks stream while
-// the task waits or runs, or kept on the record of a NEEDS_REVIEW task.
+// the task waits or runs, or kept for a NEEDS_REVIEW task.
 // Once the task has ended otherwise its message is gone, and so is the
 // payload: ErrNotFound. A task without a payload returns nil.
 func (c *Client) TaskPayload(ctx context.Context, id string) (json.RawMessage, error) {
@@ -19,13 +19,17 @@ func (c *Client) TaskPayload(ctx context.Context, id string) (json.RawMessage, e
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := c.bound(ctx)
+	defer cancel()
 	var data []byte
 	switch {
-	case rec.Message != nil:
-		data = rec.Message.Data
+	case rec.Message != nil || rec.Kept != "":
+		kept, _, err := c.keptMessage(ctx, rec)
+		if err != nil {
+			return nil, err
+		}
+		data = kept.Data
 	case rec.Seq != 0 && !rec.State.Terminal():
-		ctx, cancel := c.bound(ctx)
-		defer cancel()
 		stream, err := c.js.Stream(ctx, wire.StreamTasks)
 		if err != nil {
 			return nil, fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)

@@ -171,15 +171,15 @@ func (c *Client) Submit(ctx context.Context, t Task) (Submitted, error) {
 		return Submitted{}, undo(fmt.Errorf("%w: choose another id", err), false)
 	}
 	if err != nil {
-		return Submitted{}, undo(err, false)
+		return Submitted{}, undo(c.whyNotStored(ctx, err), false)
 	}
 	if err := c.em.Emit(ctx, wire.Event{Type: wire.EventTaskCreated, TaskID: body.ID, ResourceID: body.Resource, Message: "task submitted",
 		Payload: audit.Payload(map[string]any{"queue": queue, "type": typ})}); err != nil {
-		return Submitted{}, undo(err, true)
+		return Submitted{}, undo(c.whyNotStored(ctx, err), true)
 	}
 	ack, err := c.js.PublishMsg(ctx, msg)
 	if err != nil {
-		return Submitted{}, undo(fmt.Errorf("publish task %s: %w (nothing was submitted: try again)", body.ID, err), true)
+		return Submitted{}, undo(fmt.Errorf("publish task %s: %w (nothing was submitted: try again)", body.ID, c.whyNotStored(ctx, err)), true)
 	}
 	rec.Seq = ack.Sequence
 	if _, err := store.Update(ctx, rec, rev); err != nil && !errors.Is(err, tasks.ErrChanged) {
@@ -225,6 +225,20 @@ type waitSettings struct {
 // progress display follows the task with it.
 func OnUpdate(fn func(TaskRecord)) WaitOption { return func(s *waitSettings) { s.onUpdate = fn } }
 
+// whyNotStored explains a write the broker did not take: when its storage
+// is failing (a full disk: nats-server then leaves publishers without an
+// answer, so err is a time-out), it asks the broker's health service and
+// says so, as ErrUnavailable. Otherwise it returns err.
+func (c *Client) whyNotStored(ctx context.Context, err error) error {
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	var h wire.BrokerHealth
+	if rpc.Request(hctx, c.nc, wire.SubjectBrokerHealth, nil, &h) != nil || h.StorageOK {
+		return err
+	}
+	return fmt.Errorf("%w: the broker's storage is full or failing, free space in its data dir (it stores again on its own once there is room): %s (%v)", ErrUnavailable, h.Error, err)
+}
+
 // Wait watches task id until it ends (SUCCEEDED, NEEDS_REVIEW or
 // CANCELLED) and returns its record. It waits as long as ctx: when ctx
 // ends first, the error matches ErrGaveUp (and ctx's error); the task may
@@ -268,7 +282,8 @@ func (c *Client) Wait(ctx context.Context, id string, opts ...WaitOption) (TaskR
 	}
 }
 
-// Task returns the record of task id.
+// Task returns the record of task id (a message an earlier release kept in
+// it has its payload redacted).
 func (c *Client) Task(ctx context.Context, id string) (TaskRecord, error) {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
@@ -277,7 +292,19 @@ func (c *Client) Task(ctx context.Context, id string) (TaskRecord, error) {
 		return TaskRecord{}, err
 	}
 	rec, _, err := store.Get(ctx, id)
-	return rec, err
+	return forDisplay(rec), err
+}
+
+// forDisplay returns rec with the payload of a message an earlier release
+// kept in it redacted: Task and Tasks are for display, and RetryTask reads
+// the record itself.
+func forDisplay(rec TaskRecord) TaskRecord {
+	if rec.Message != nil {
+		m := *rec.Message
+		m.Data = wire.RedactJSON(m.Data)
+		rec.Message = &m
+	}
+	return rec
 }
 
 // TaskFilter selects the tasks Tasks returns; its zero value selects all.
@@ -316,12 +343,15 @@ func (c *Client) Tasks(ctx context.Context, f TaskFilter) ([]TaskRecord, error) 
 	if f.Limit > 0 && len(list) > f.Limit {
 		list = list[len(list)-f.Limit:]
 	}
+	for i := range list {
+		list[i] = forDisplay(list[i])
+	}
 	return list, nil
 }
 
 // RetryTask runs a NEEDS_REVIEW task again: it publishes the task's
-// message (kept in its record when it left the stream) and sets it WAITING
-// with a fresh set of attempts. A task in another state, or one whose
+// message (kept on its review subject when it left its queue), sets it
+// WAITING with a fresh set of attempts, and removes the kept copy. A task in another state, or one whose
 // message was malformed or not kept, is ErrInvalid.
 func (c *Client) RetryTask(ctx context.Context, id string) (TaskRecord, error) {
 	ctx, cancel := c.bound(ctx)
@@ -337,18 +367,19 @@ func (c *Client) RetryTask(ctx context.Context, id string) (TaskRecord, error) {
 	if rec.State != wire.TaskNeedsReview {
 		return TaskRecord{}, fmt.Errorf("%w: task %s is %s: only a NEEDS_REVIEW task can be retried", ErrInvalid, id, rec.State)
 	}
-	if rec.Message == nil {
-		return TaskRecord{}, fmt.Errorf("%w: task %s: its message was not kept; publish it again", ErrInvalid, id)
+	kept, stream, err := c.keptMessage(ctx, rec)
+	if err != nil {
+		return TaskRecord{}, err
 	}
 	run := max(rec.Run, 1) + 1
-	msg, err := requeueMsg(id, rec.Message, run)
+	msg, err := requeueMsg(id, kept, run)
 	if err != nil {
 		return TaskRecord{}, fmt.Errorf("%w: task %s was rejected as malformed (%s): publish a corrected task instead", ErrInvalid, id, rec.LastError)
 	}
 
 	orig, last := rec, rec.LastError
 	rec.State, rec.Attempts, rec.Deliveries, rec.Delays = wire.TaskWaiting, 0, 0, 0
-	rec.Message, rec.RetryAt, rec.Output = nil, nil, ""
+	rec.Message, rec.Kept, rec.RetryAt, rec.Output = nil, "", nil, ""
 	rec.LastError = "retried by an operator; before: " + last
 	rec.Run = run
 	rec.UpdatedAt = time.Now().UTC()
@@ -372,11 +403,41 @@ func (c *Client) RetryTask(ctx context.Context, id string) (TaskRecord, error) {
 	if _, err := store.Update(ctx, rec, rev); err != nil && !errors.Is(err, tasks.ErrChanged) {
 		return TaskRecord{}, err
 	}
+	if orig.Kept != "" {
+		// Requeued: the kept copy has done its job.
+		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(orig.Kept)); err != nil {
+			return TaskRecord{}, fmt.Errorf("task %s requeued, but its kept message on %s was not removed: %w", id, orig.Kept, err)
+		}
+	}
 	if err := c.em.Emit(ctx, wire.Event{Type: wire.EventRetryScheduled, TaskID: id, ResourceID: rec.Resource,
 		Message: "retried by an operator", Payload: audit.Payload(map[string]any{"class": "operator", "seq": ack.Sequence, "run": run})}); err != nil {
 		return TaskRecord{}, err
 	}
 	return rec, nil
+}
+
+// keptMessage returns the message of a NEEDS_REVIEW task: the one kept on
+// its review subject, as its publisher sent it to its queue, or the one an
+// earlier release kept in the record. It returns the tasks stream too.
+func (c *Client) keptMessage(ctx context.Context, rec wire.TaskRecord) (*wire.StoredMessage, jetstream.Stream, error) {
+	stream, err := c.js.Stream(ctx, wire.StreamTasks)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
+	}
+	if rec.Kept == "" {
+		if rec.Message == nil {
+			return nil, nil, fmt.Errorf("%w: task %s: its message was not kept; publish it again", ErrInvalid, rec.ID)
+		}
+		return rec.Message, stream, nil
+	}
+	raw, err := stream.GetLastMsgForSubject(ctx, rec.Kept)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil, fmt.Errorf("%w: task %s: its message is no longer on %s; publish it again", ErrInvalid, rec.ID, rec.Kept)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the kept message of task %s: %w", rec.ID, err)
+	}
+	return &wire.StoredMessage{Subject: wire.TaskSubject(rec.Queue, rec.Type), Header: raw.Header, Data: raw.Data}, stream, nil
 }
 
 // requeueMsg rebuilds a kept task message for a retry, its id in the body,

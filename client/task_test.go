@@ -5,14 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/gantry-dev/gantry/broker"
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
+	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/workers"
 )
 
@@ -252,4 +256,102 @@ func finishedRuns(t *testing.T, b *bundle, id string) []any {
 			runs = append(runs, p["run"])
 		}
 	}
+}
+
+// TestLargeTaskToReviewAndBack: a task message of nearly the broker's 1 MiB
+// limit that ends in NEEDS_REVIEW, or is rejected, keeps its message until
+// its record is stored: the record can be read, and the first can be
+// retried and run with its payload whole.
+func TestLargeTaskToReviewAndBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	got := make(chan int, 1)
+	f := &flaky{runs: map[string]int{}}
+	b.startWorkers(t, workers.Config{}, map[string]workers.Handler{"big": workers.HandlerFunc(func(ctx context.Context, t *workers.Task) error {
+		if err := f.Run(ctx, t); err != nil {
+			return err
+		}
+		got <- len(t.Payload)
+		return nil
+	})})
+	c, ctx := b.c, ctx(t, 60*time.Second)
+	blob := strings.Repeat("x", 1000*1024)
+	for _, tc := range []struct {
+		id, body string
+		retry    bool
+	}{
+		{"big-1", `{"id":"big-1","payload":{"blob":"` + blob + `"}}`, true},
+		{"big-bad", `{"id":"big-bad","payload":{"blob":"` + blob + `"},"max_attempts":"x"}`, false},
+	} {
+		if _, err := b.env.JS.Publish(ctx, wire.TaskSubject("", "big"), []byte(tc.body)); err != nil {
+			t.Fatalf("publish %s (%d bytes): %v", tc.id, len(tc.body), err)
+		}
+		rec, err := c.Wait(ctx, tc.id)
+		if err != nil || rec.State != client.TaskNeedsReview {
+			t.Fatalf("Wait(%s) = %s, %v; want NEEDS_REVIEW", tc.id, rec.State, err)
+		}
+		if rec, err = c.Task(ctx, tc.id); err != nil || rec.Message != nil {
+			t.Fatalf("Task(%s) = message %v, %v; want the record, the message kept out of it", tc.id, rec.Message != nil, err)
+		}
+		if !tc.retry {
+			continue
+		}
+		if _, err := c.RetryTask(ctx, tc.id); err != nil {
+			t.Fatalf("RetryTask(%s) = %v", tc.id, err)
+		}
+		if rec, err = c.Wait(ctx, tc.id); err != nil || rec.State != client.TaskSucceeded {
+			t.Fatalf("Wait(%s) after retry = %s, %v; want SUCCEEDED", tc.id, rec.State, err)
+		}
+		if n := <-got; n < len(blob) {
+			t.Errorf("payload on retry = %d bytes, want the %d-byte blob whole", n, len(blob))
+		}
+	}
+	// Nothing left in the stream but the message of the task still under
+	// review.
+	stream, err := b.env.JS.Stream(ctx, wire.StreamTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]uint64{wire.ReviewSubject("big-bad"): 1}
+	waitFor(t, "the stream holding only the kept message", func() bool {
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(">"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return maps.Equal(info.State.Subjects, want)
+	})
+}
+
+// TestSubmitSaysTheStorageIsFull: with the broker's disk full, Submit does
+// not just time out: it says the broker's storage is full, as
+// ErrUnavailable, and submits again once space is freed.
+func TestSubmitSaysTheStorageIsFull(t *testing.T) {
+	t.Parallel()
+	small := brokertest.SmallDisk(t, "24m")
+	env := brokertest.Start(t, brokertest.WithDataDir(small+"/data"), func(c *broker.Config) {
+		c.MinFreeSpace, c.StorageCheck = 1<<20, 100*time.Millisecond
+	})
+	c, err := client.Connect(context.Background(), client.Options{Servers: env.URL, Name: t.Name()},
+		client.WithLogger(env.Log.With("component", "client")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	submit := func(payload string) error {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		_, err := c.Submit(ctx, client.Task{Type: "noop", Payload: payload})
+		return err
+	}
+	free := brokertest.FillDisk(t, small)
+	var sub error
+	waitFor(t, "a submit refused", func() bool {
+		sub = submit(strings.Repeat("x", 4000))
+		return sub != nil
+	})
+	if !errors.Is(sub, client.ErrUnavailable) || !strings.Contains(sub.Error(), "storage is full") {
+		t.Errorf("Submit on a full disk = %v, want ErrUnavailable saying the broker's storage is full", sub)
+	}
+	free()
+	waitFor(t, "a submit taken again", func() bool { return submit("") == nil })
 }

@@ -46,7 +46,7 @@ func (s *Store) Get(ctx context.Context, id string) (wire.Route, uint64, error) 
 	}
 	var r wire.Route
 	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		return wire.Route{}, 0, fmt.Errorf("decode route %q: %w", id, err)
+		return wire.Route{}, 0, fmt.Errorf("route %q: %w", id, kv.BadValue(wire.BucketRoutes, id, e.Revision(), err))
 	}
 	return r, e.Revision(), nil
 }
@@ -65,7 +65,9 @@ func (s *Store) Put(ctx context.Context, r wire.Route) (uint64, error) {
 }
 
 // List returns every route, sorted by id. It reads the bucket in one pass
-// (a watch up to its current end) rather than one request per key.
+// (a watch up to its current end) rather than one request per key. A value
+// that is not a route is listed as a FAULT route whose last error says so,
+// rather than failing the list.
 func (s *Store) List(ctx context.Context) ([]wire.Route, error) {
 	entries, err := kv.Entries(ctx, s.kv, "")
 	if err != nil {
@@ -75,7 +77,8 @@ func (s *Store) List(ctx context.Context) ([]wire.Route, error) {
 	for _, e := range entries {
 		var r wire.Route
 		if err := json.Unmarshal(e.Value(), &r); err != nil {
-			return nil, fmt.Errorf("decode route %q: %w", e.Key(), err)
+			bad := kv.BadValue(wire.BucketRoutes, e.Key(), e.Revision(), err)
+			r = wire.Route{ID: e.Key(), State: wire.RouteFault, LastError: "bad value quarantined: " + bad.Reason}
 		}
 		out = append(out, r)
 	}

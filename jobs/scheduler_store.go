@@ -42,10 +42,24 @@ var ErrRunNotFound = kv.Sentinel("job run not found", kv.ErrNotFound)
 // compare-and-swap), the fencing term counter ("term"), each job's
 // wire.JobState ("state.<job>"), the run history ("run.<job>.<planned unix
 // ns>", with a per-key TTL) and resource cooldowns ("cooldown.<resource>").
+//
+// A bad value is never a wedge: a leader key that is not a leader or was
+// written without the broker's TTL (it would never expire) is deleted by
+// the next campaign, a term that is not a number is replaced by one above
+// every term issued, and a bad job state, run or cooldown is skipped. Each
+// is reported to Quarantine.
 type SchedulerStore struct {
-	js jetstream.JetStream
-	kv jetstream.KeyValue
+	js     jetstream.JetStream
+	kv     jetstream.KeyValue
+	stream jetstream.Stream // KV_<bucket>
+
+	// Quarantine, when set, records the bad values the store met.
+	Quarantine *kv.Quarantine
 }
+
+// MaxLeaderTTL is the longest TTL a leader key may claim: one written with a
+// longer one (or none) is taken for forged and deleted.
+const MaxLeaderTTL = time.Hour
 
 // NewSchedulerStore opens the scheduler bucket, which the broker provisions.
 func NewSchedulerStore(ctx context.Context, js jetstream.JetStream) (*SchedulerStore, error) {
@@ -53,7 +67,11 @@ func NewSchedulerStore(ctx context.Context, js jetstream.JetStream) (*SchedulerS
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketScheduler, err)
 	}
-	return &SchedulerStore{js: js, kv: b}, nil
+	stream, err := js.Stream(ctx, "KV_"+wire.BucketScheduler)
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketScheduler, err)
+	}
+	return &SchedulerStore{js: js, kv: b, stream: stream}, nil
 }
 
 // KeyValue returns the underlying bucket, for watching.
@@ -65,10 +83,10 @@ func (s *SchedulerStore) LeaderKey() string { return schedLeaderKey }
 // Campaign tries to become the leader: it takes the next fencing term and
 // creates the leader key with ttl. It fails with ErrLeaderHeld (wrapped,
 // with the holder) while another leader's key is live. Terms only grow; a
-// failed campaign may leave a gap.
+// failed campaign may leave a gap. A bad leader key is deleted first.
 func (s *SchedulerStore) Campaign(ctx context.Context, id, host string, now time.Time, ttl time.Duration) (wire.SchedulerLeader, uint64, error) {
-	if cur, _, err := s.Leader(ctx); err == nil {
-		return wire.SchedulerLeader{}, 0, fmt.Errorf("%w by %s (term %d)", ErrLeaderHeld, cur.ID, cur.Term)
+	if err := s.leaderFree(ctx); err != nil {
+		return wire.SchedulerLeader{}, 0, err
 	}
 	term, err := s.nextTerm(ctx)
 	if err != nil {
@@ -89,7 +107,44 @@ func (s *SchedulerStore) Campaign(ctx context.Context, id, host string, now time
 	return l, rev, nil
 }
 
-// nextTerm increments the term counter by compare-and-swap.
+// leaderFree returns nil when no valid leader key is live, and
+// ErrLeaderHeld (wrapped, with the holder) otherwise. It reads the key's
+// last message, headers and all: a value that is not a leader, or that
+// carries no TTL (or one over MaxLeaderTTL) and so would hold the key
+// forever, is deleted at its revision and quarantined.
+func (s *SchedulerStore) leaderFree(ctx context.Context) error {
+	m, err := s.stream.GetLastMsgForSubject(ctx, kv.Subject(wire.BucketScheduler, schedLeaderKey))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read leader key: %w", err)
+	}
+	if kv.Marker(m.Header) {
+		return nil
+	}
+	var l wire.SchedulerLeader
+	bad := json.Unmarshal(m.Data, &l)
+	if bad == nil && l.ID == "" {
+		bad = errors.New("no scheduler id")
+	}
+	if bad == nil {
+		bad = kv.CheckTTL(m.Header, MaxLeaderTTL)
+	}
+	if bad == nil {
+		return fmt.Errorf("%w by %s (term %d)", ErrLeaderHeld, l.ID, l.Term)
+	}
+	err = s.kv.Purge(ctx, schedLeaderKey, jetstream.LastRevision(m.Sequence))
+	if err != nil && !kv.Conflict(err) {
+		return fmt.Errorf("delete bad leader key: %w", err)
+	}
+	s.Quarantine.Report(kv.BadValue(wire.BucketScheduler, schedLeaderKey, m.Sequence, bad), "deleted")
+	return nil
+}
+
+// nextTerm increments the term counter by compare-and-swap. A term that is
+// not a number is replaced by one above every term issued: each was
+// written at a revision at least its value, all below the bad value's.
 func (s *SchedulerStore) nextTerm(ctx context.Context) (uint64, error) {
 	for {
 		var cur, rev uint64
@@ -101,7 +156,9 @@ func (s *SchedulerStore) nextTerm(ctx context.Context) (uint64, error) {
 		default:
 			rev = e.Revision()
 			if cur, err = strconv.ParseUint(string(e.Value()), 10, 64); err != nil {
-				return 0, fmt.Errorf("term %q: %w", e.Value(), err)
+				s.Quarantine.Report(kv.BadValue(wire.BucketScheduler, schedTermKey, rev, fmt.Errorf("term %q is not a number", e.Value())),
+					fmt.Sprintf("replaced by term %d", rev+1))
+				cur = rev
 			}
 		}
 		next := []byte(strconv.FormatUint(cur+1, 10))
@@ -156,7 +213,7 @@ func (s *SchedulerStore) Leader(ctx context.Context) (wire.SchedulerLeader, uint
 	}
 	var l wire.SchedulerLeader
 	if err := json.Unmarshal(e.Value(), &l); err != nil {
-		return wire.SchedulerLeader{}, 0, fmt.Errorf("decode leader: %w", err)
+		return wire.SchedulerLeader{}, 0, kv.BadValue(wire.BucketScheduler, schedLeaderKey, e.Revision(), err)
 	}
 	return l, e.Revision(), nil
 }
@@ -187,7 +244,9 @@ func (s *SchedulerStore) State(ctx context.Context, job string) (wire.JobState, 
 	}
 	var st wire.JobState
 	if err := json.Unmarshal(e.Value(), &st); err != nil {
-		return wire.JobState{}, fmt.Errorf("decode job state %s: %w", job, err)
+		// As States does: a bad state is skipped.
+		s.Quarantine.Report(kv.BadValue(wire.BucketScheduler, e.Key(), e.Revision(), err), "skipped")
+		return wire.JobState{Job: job}, nil
 	}
 	return st, nil
 }
@@ -291,7 +350,8 @@ func putMsg(key string, v any, ttl time.Duration) (*nats.Msg, error) {
 	return kv.Msg(wire.BucketScheduler, key, data, ttl), nil
 }
 
-// each calls fn with the live value of every key matching filter.
+// each calls fn with the live value of every key matching filter. A value
+// fn cannot decode is skipped and quarantined.
 func (s *SchedulerStore) each(ctx context.Context, filter string, fn func(key string, v []byte) error) error {
 	entries, err := kv.Entries(ctx, s.kv, filter)
 	if err != nil {
@@ -299,7 +359,7 @@ func (s *SchedulerStore) each(ctx context.Context, filter string, fn func(key st
 	}
 	for _, e := range entries {
 		if err := fn(e.Key(), e.Value()); err != nil {
-			return err
+			s.Quarantine.Report(kv.BadValue(wire.BucketScheduler, e.Key(), e.Revision(), err), "skipped")
 		}
 	}
 	return nil

@@ -159,3 +159,40 @@ func Retry(ctx context.Context, try time.Duration, op func(context.Context) erro
 		wait = min(2*wait, 2*time.Second)
 	}
 }
+
+// Marker reports whether a message of a KV bucket's stream, by its
+// headers, is a delete, purge or expiry marker rather than a value.
+func Marker(h nats.Header) bool {
+	return h.Get(kvOperationHeader) != "" || h.Get(jetstream.MarkerReasonHeader) != ""
+}
+
+// kvOperationHeader marks KV delete and purge markers (KV-Operation: DEL or
+// PURGE), as the KV protocol defines.
+const kvOperationHeader = "KV-Operation"
+
+// CheckTTL reports why a value written with headers h would hold its key
+// longer than max: no per-message TTL (it never expires), one that cannot
+// be read, "never", or one over max. It is nil for a TTL from 1 s to max.
+// Every lease-like value gantry writes carries one (Msg, KeyTTL): a value
+// without is forged.
+func CheckTTL(h nats.Header, max time.Duration) error {
+	v := h.Get(jetstream.MsgTTLHeader)
+	if v == "" {
+		return errors.New("written without a TTL: it would never expire")
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		n, nerr := strconv.ParseInt(v, 10, 64)
+		if nerr != nil {
+			return fmt.Errorf("TTL %q is not a duration", v)
+		}
+		if n > int64(max/time.Second) {
+			return fmt.Errorf("TTL %s: want 1s to %v", v, max)
+		}
+		d = time.Duration(n) * time.Second
+	}
+	if d <= 0 || d > max {
+		return fmt.Errorf("TTL %s: want 1s to %v", v, max)
+	}
+	return nil
+}

@@ -3,7 +3,6 @@ package lease
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -163,7 +162,10 @@ func (k *Keeper) handle(ctx context.Context, e jetstream.KeyValueEntry, owners m
 	case jetstream.KeyValuePut:
 		lease, _, err := decodeLease(e)
 		if err != nil {
-			k.log.Warn("undecodable lease", "resource_id", key, "err", err)
+			// Not a lease: deleted (and quarantined) at once.
+			if _, _, _, err := k.leases.last(ctx, key); err != nil && ctx.Err() == nil {
+				k.log.Warn("check bad lease value", "resource_id", key, "err", err)
+			}
 			return
 		}
 		owners[key] = lease.Owner
@@ -212,8 +214,19 @@ func (k *Keeper) reclaim(ctx context.Context, id, reason string) {
 	}
 }
 
-// scan reclaims every resource left in a leased state without its lease.
+// scan deletes every lease that is a bad value (one written without the
+// broker's TTL would hold its resource forever; see Leases.last), then
+// reclaims every resource left in a leased state without its lease.
 func (k *Keeper) scan(ctx context.Context) {
+	leases, err := kv.Entries(ctx, k.leases.kv, "")
+	if err != nil && ctx.Err() == nil {
+		k.log.Warn("scan leases failed", "err", err)
+	}
+	for _, e := range leases {
+		if _, _, _, err := k.leases.last(ctx, e.Key()); err != nil && ctx.Err() == nil {
+			k.log.Warn("check lease", "resource_id", e.Key(), "err", err)
+		}
+	}
 	entries, err := kv.Entries(ctx, k.res.kv, "")
 	if err != nil {
 		if ctx.Err() == nil {
@@ -222,11 +235,7 @@ func (k *Keeper) scan(ctx context.Context) {
 		return
 	}
 	for _, e := range entries {
-		var res wire.Resource
-		if err := json.Unmarshal(e.Value(), &res); err != nil {
-			k.log.Warn("skipping undecodable resource", "resource_id", e.Key(), "err", err)
-			continue
-		}
+		res := k.res.decode(e)
 		switch res.State {
 		case wire.ResourceLeased, wire.ResourceRunning, wire.ResourceCooldown:
 			k.reclaim(ctx, e.Key(), "found without its lease")

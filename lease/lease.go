@@ -34,6 +34,10 @@ type LeasesConfig struct {
 	Clock clock.Clock
 	// Bucket is the KV bucket of the leases. Defaults to wire.BucketLeases.
 	Bucket string
+	// ConflictWindow coalesces LEASE_CONFLICT events: one owner's
+	// conflicts on one resource make at most one event a window, which
+	// counts them (see docs/leases.md). Defaults to DefaultConflictWindow.
+	ConflictWindow time.Duration
 }
 
 // Leases is the lease store on the gantry_leases bucket. It is safe for
@@ -46,6 +50,11 @@ type Leases struct {
 	ev     *events
 	clock  clock.Clock
 	log    *slog.Logger
+	// conflicts coalesces the LEASE_CONFLICT events.
+	conflicts *conflicts
+	// quarantine records the bad lease values met.
+	quarantine *kv.Quarantine
+	bucket     string
 
 	// hints remembers, per resource, the revision of the last delete or
 	// expiry marker this store wrote or read, so that the next Acquire can
@@ -71,6 +80,10 @@ func NewLeases(js jetstream.JetStream, cfg LeasesConfig) (*Leases, error) {
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
 	cfg.Bucket = cmp.Or(cfg.Bucket, wire.BucketLeases)
+	cfg.ConflictWindow = cmp.Or(cfg.ConflictWindow, DefaultConflictWindow)
+	if cfg.ConflictWindow < 0 {
+		return nil, fmt.Errorf("new leases: conflict window %v: want a positive duration", cfg.ConflictWindow)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
 	defer cancel()
 	b, err := js.KeyValue(ctx, cfg.Bucket)
@@ -94,6 +107,10 @@ func NewLeases(js jetstream.JetStream, cfg LeasesConfig) (*Leases, error) {
 		ev:     ev,
 		clock:  cfg.Clock,
 		log:    cfg.Logger,
+
+		conflicts:  newConflicts(cfg.Clock, cfg.ConflictWindow),
+		quarantine: kv.NewQuarantine(ev.emit),
+		bucket:     cfg.Bucket,
 	}, nil
 }
 
@@ -132,11 +149,16 @@ func checkID(id string) error {
 	return nil
 }
 
+// MaxTTL is the longest TTL of a lease (a cooldown's included): a lease
+// that outlives its holder by more is no better than one that never
+// expires. A lease value that claims a longer TTL is forged.
+const MaxTTL = 24 * time.Hour
+
 // TTL returns the TTL the broker will apply for ttl: whole seconds,
-// rounded up, at least 1 s.
+// rounded up, at least 1 s. A ttl over MaxTTL is ErrInvalid.
 func TTL(ttl time.Duration) (time.Duration, error) {
-	if ttl <= 0 {
-		return 0, fmt.Errorf("%w: lease ttl %v: want a positive duration", ErrInvalid, ttl)
+	if ttl <= 0 || ttl > MaxTTL {
+		return 0, fmt.Errorf("%w: lease ttl %v: want a positive duration, at most %v", ErrInvalid, ttl, MaxTTL)
 	}
 	return kv.TTLSeconds(ttl), nil
 }
@@ -162,6 +184,9 @@ func (l *Leases) Acquire(ctx context.Context, resource, owner string, ttl time.D
 		v := leaseValue{Resource: resource, Owner: owner, ExpiresAt: now.Add(ttl), TTL: ttl.String(), AcquiredAt: now}
 		rev, err := l.publish(ctx, resource, v, expect, ttl)
 		if err == nil {
+			if ev, ok := l.conflicts.take(resource, owner); ok {
+				l.ev.emit(ev)
+			}
 			l.ev.emit(wire.Event{
 				Type: wire.EventResourceLeased, ResourceID: resource,
 				Message: fmt.Sprintf("%s leased %s for %v", owner, resource, ttl),
@@ -184,11 +209,9 @@ func (l *Leases) Acquire(ctx context.Context, resource, owner string, ttl time.D
 			return l.Renew(ctx, cur, ttl)
 		}
 		conflict := &ConflictError{Resource: resource, Holder: cur.Owner, ExpiresAt: cur.ExpiresAt, Revision: cur.Revision}
-		l.ev.emit(wire.Event{
-			Type: wire.EventLeaseConflict, ResourceID: resource, Level: wire.LevelWarn,
-			Message: fmt.Sprintf("%s wanted %s, held by %s", owner, resource, cur.Owner),
-			Payload: audit.Payload(map[string]any{"owner": owner, "holder": cur.Owner, "expires_at": cur.ExpiresAt, "revision": cur.Revision}),
-		})
+		if ev, ok := l.conflicts.note(resource, owner, cur); ok {
+			l.ev.emit(ev)
+		}
 		return wire.Lease{}, conflict
 	}
 	return wire.Lease{}, fmt.Errorf("acquire lease %s: still contended after %d attempts", resource, maxCASAttempts)
@@ -214,6 +237,9 @@ func (l *Leases) publish(ctx context.Context, resource string, v leaseValue, exp
 
 // last reads the last message of resource's key: its revision (0 if none),
 // and the lease if it is a live one rather than a delete or expiry marker.
+// A bad value — not a lease, or written without a TTL from 1 s to MaxTTL,
+// which no lease gantry writes lacks — is deleted and quarantined: no value
+// holds a resource forever. The key is then free at the delete's revision.
 func (l *Leases) last(ctx context.Context, resource string) (uint64, wire.Lease, bool, error) {
 	m, err := l.stream.GetLastMsgForSubject(ctx, l.prefix+resource)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -222,16 +248,43 @@ func (l *Leases) last(ctx context.Context, resource string) (uint64, wire.Lease,
 	if err != nil {
 		return 0, wire.Lease{}, false, err
 	}
-	if m.Header.Get(kvOperationHeader) != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+	if kv.Marker(m.Header) {
 		l.setHint(resource, m.Sequence)
 		return m.Sequence, wire.Lease{}, false, nil
 	}
 	var v leaseValue
-	if err := json.Unmarshal(m.Data, &v); err != nil {
-		return 0, wire.Lease{}, false, fmt.Errorf("decode lease %s: %w", resource, err)
+	bad := json.Unmarshal(m.Data, &v)
+	if bad == nil && v.Owner == "" {
+		bad = errors.New("no owner")
+	}
+	if bad == nil {
+		bad = kv.CheckTTL(m.Header, MaxTTL)
+	}
+	if bad != nil {
+		rev, err := l.deleteBad(ctx, resource, m.Sequence, bad)
+		return rev, wire.Lease{}, false, err
 	}
 	v.Resource = cmp.Or(v.Resource, resource)
 	return m.Sequence, v.lease(m.Sequence), true, nil
+}
+
+// deleteBad deletes the bad value of resource's key at rev, if it is still
+// the last, and quarantines it. It returns the key's last revision: the
+// delete's, or rev if someone wrote in between (a compare-and-swap on it
+// then fails, and the caller reads again).
+func (l *Leases) deleteBad(ctx context.Context, resource string, rev uint64, why error) (uint64, error) {
+	msg := nats.NewMsg(l.prefix + resource)
+	msg.Header.Set(kvOperationHeader, "DEL")
+	ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(rev))
+	if kv.Conflict(err) {
+		return rev, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("delete bad lease value %s: %w", resource, err)
+	}
+	l.setHint(resource, ack.Sequence)
+	l.quarantine.Report(kv.BadValue(l.bucket, resource, rev, why), "deleted")
+	return ack.Sequence, nil
 }
 
 // kvOperationHeader marks KV delete and purge markers (KV-Operation: DEL or
@@ -372,7 +425,7 @@ func (l *Leases) get(ctx context.Context, resource string) (wire.Lease, time.Dur
 func decodeLease(e jetstream.KeyValueEntry) (wire.Lease, time.Duration, error) {
 	var v leaseValue
 	if err := json.Unmarshal(e.Value(), &v); err != nil {
-		return wire.Lease{}, 0, fmt.Errorf("decode lease %s: %w", e.Key(), err)
+		return wire.Lease{}, 0, kv.BadValue(e.Bucket(), e.Key(), e.Revision(), err)
 	}
 	v.Resource = cmp.Or(v.Resource, e.Key())
 	return v.lease(e.Revision()), v.ttl(), nil
@@ -397,7 +450,13 @@ func (l *Leases) List(ctx context.Context) ([]wire.Lease, error) {
 	return out, nil
 }
 
-// Flush waits until the audit events of every operation so far are stored,
-// or ctx ends. Events are published without waiting on the hot path; call
-// Flush before a short-lived process exits.
-func (l *Leases) Flush(ctx context.Context) error { return l.ev.flush(ctx) }
+// Flush records the lease conflicts not yet reported, then waits until
+// the audit events of every operation so far are stored, or ctx ends.
+// Events are published without waiting on the hot path; call Flush before a
+// short-lived process exits.
+func (l *Leases) Flush(ctx context.Context) error {
+	for _, ev := range l.conflicts.takeAll() {
+		l.ev.emit(ev)
+	}
+	return l.ev.flush(ctx)
+}

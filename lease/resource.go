@@ -65,6 +65,9 @@ type Resource struct {
 	// Waiters is the line waiting for the resource, next first, as Get and
 	// List read it from gantry_waiters (not stored with the resource).
 	Waiters []wire.Waiter `json:"-"`
+	// quarantined marks the FAULT stand-in of a value that is not a
+	// resource (see decodeResource).
+	quarantined bool
 }
 
 // moves is the contract's table of allowed state moves, plus the
@@ -112,6 +115,8 @@ type Resources struct {
 	log     *slog.Logger
 	// lines follows the line of each resource this process waits for.
 	lines *lines
+	// quarantine records the bad resource values met.
+	quarantine *kv.Quarantine
 }
 
 // NewResources returns the resource store on js's resources bucket.
@@ -134,7 +139,7 @@ func NewResources(js jetstream.JetStream, cfg ResourcesConfig) (*Resources, erro
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
 	defer cancel()
-	kv, err := js.KeyValue(ctx, cfg.Bucket)
+	b, err := js.KeyValue(ctx, cfg.Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("new resources: bucket %s: %w", cfg.Bucket, err)
 	}
@@ -146,7 +151,7 @@ func NewResources(js jetstream.JetStream, cfg ResourcesConfig) (*Resources, erro
 	if err != nil {
 		return nil, fmt.Errorf("new resources: %w", err)
 	}
-	r := &Resources{js: js, kv: kv, waiters: waiters, leases: cfg.Leases, ev: ev, clock: cfg.Clock, log: cfg.Logger}
+	r := &Resources{js: js, kv: b, waiters: waiters, leases: cfg.Leases, ev: ev, clock: cfg.Clock, log: cfg.Logger, quarantine: kv.NewQuarantine(ev.emit)}
 	r.lines = &lines{r: r, all: map[string]*line{}}
 	return r, nil
 }
@@ -181,7 +186,13 @@ func (r *Resources) Add(ctx context.Context, spec ResourceSpec) (Resource, error
 	if !errors.Is(err, jetstream.ErrKeyExists) && !kv.Conflict(err) {
 		return Resource{}, fmt.Errorf("add resource %s: %w", spec.ID, err)
 	}
-	res, _, err = r.change(ctx, spec.ID, "", func(cur Resource) (Resource, error) {
+	res, _, err = r.change(ctx, spec.ID, "registered over a bad value", func(cur Resource) (Resource, error) {
+		if cur.quarantined {
+			// Nothing of its state can be read: registered afresh.
+			fresh := res
+			fresh.Revision = cur.Revision
+			return fresh, nil
+		}
 		if cur.RouteID == spec.Route && cur.Reclaim == policy {
 			return cur, errNoChange
 		}
@@ -232,13 +243,35 @@ func (r *Resources) get(ctx context.Context, id string) (Resource, error) {
 	if err != nil {
 		return Resource{}, err
 	}
-	return decodeResource(e)
+	return r.decode(e), nil
 }
 
+// decode decodes a resource entry. A value that is not a resource is
+// quarantined and stands as a FAULT resource whose last error says so: it
+// is listed, never leased, and an operator's enable or disable, or its
+// registration from the config, writes a valid value over it.
+func (r *Resources) decode(e jetstream.KeyValueEntry) Resource {
+	res, err := decodeResource(e)
+	if err != nil {
+		r.quarantine.Report(err, "treated as FAULT until enabled or registered again")
+	}
+	return res
+}
+
+// decodeResource decodes a resource entry, or returns its FAULT stand-in
+// and a *kv.BadValueError.
 func decodeResource(e jetstream.KeyValueEntry) (Resource, error) {
 	var res Resource
-	if err := json.Unmarshal(e.Value(), &res); err != nil {
-		return Resource{}, fmt.Errorf("decode resource %s: %w", e.Key(), err)
+	err := json.Unmarshal(e.Value(), &res)
+	if err == nil && !slices.Contains(wire.ResourceStates, res.State) {
+		err = fmt.Errorf("state %q is not a resource state", res.State)
+	}
+	if err != nil {
+		bad := kv.BadValue(e.Bucket(), e.Key(), e.Revision(), err)
+		return Resource{
+			Resource: wire.Resource{ID: e.Key(), State: wire.ResourceFault, LastError: "bad value quarantined: " + bad.Reason, UpdatedAt: e.Created()},
+			Reclaim:  ReclaimAvailable, Revision: e.Revision(), quarantined: true,
+		}, bad
 	}
 	res.ID = cmp.Or(res.ID, e.Key())
 	res.Reclaim = cmp.Or(res.Reclaim, ReclaimAvailable)
@@ -267,11 +300,7 @@ func (r *Resources) List(ctx context.Context) ([]Resource, error) {
 	}
 	out := make([]Resource, 0, len(entries))
 	for _, e := range entries {
-		res, err := decodeResource(e)
-		if err != nil {
-			r.log.Warn("skipping undecodable resource", "resource_id", e.Key(), "err", err)
-			continue
-		}
+		res := r.decode(e)
 		withLive(&res, byID[res.ID], waiting[res.ID])
 		out = append(out, res)
 	}
@@ -377,7 +406,8 @@ func (r *Resources) Reclaim(ctx context.Context, id, reason string) (Resource, b
 		}
 		lease, err := r.leases.Get(ctx, id)
 		held := err == nil
-		if err != nil && !errors.Is(err, ErrNotFound) {
+		// A bad lease value backs nobody (an acquire deletes it).
+		if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, kv.ErrBadValue) {
 			return cur, err
 		}
 		if !stale(cur, lease, held) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -579,6 +580,10 @@ func (r *runner) taskCounts(ctx context.Context) *taskCounts {
 	}
 	c := &taskCounts{byType: map[string]int{}}
 	for subj, n := range info.State.Subjects {
+		if strings.HasPrefix(subj, wire.SubjectReviewPrefix+".") {
+			// Kept for review: not waiting to run.
+			continue
+		}
 		c.total += int(n)
 		c.byType[typeOfSubject(subj)] += int(n)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/jobs"
+	"github.com/gantry-dev/gantry/kv"
 )
 
 // maxMissedEvents bounds the JOB_MISSED events of one job after one
@@ -157,6 +158,9 @@ func (s *Scheduler) newRunner(ctx context.Context, stopping <-chan struct{}) (*r
 	if b, err := s.js.KeyValue(ctx, wire.BucketTasks); err == nil {
 		r.tasks = b
 	}
+	// A bad value in gantry_scheduler (a forged leader key, a term that is
+	// not a number) is deleted or skipped, and recorded.
+	st.Quarantine = kv.NewQuarantine(r.emitAsync)
 	return r, nil
 }
 

@@ -41,6 +41,10 @@ const (
 type CheckpointStore struct {
 	js jetstream.JetStream
 	kv jetstream.KeyValue
+
+	// Quarantine, when set, records the checkpoints that Load finds are
+	// not checkpoints (and ignores).
+	Quarantine *kv.Quarantine
 }
 
 // NewCheckpointStore opens the checkpoints bucket, which the broker
@@ -64,7 +68,8 @@ func digest(s string) string {
 	return hex.EncodeToString(h[:16])
 }
 
-// Load returns the last checkpoint of task id, or nil if it saved none.
+// Load returns the last checkpoint of task id, or nil if it saved none (or
+// what it holds is not a checkpoint).
 func (s *CheckpointStore) Load(ctx context.Context, taskID string) (*wire.Checkpoint, error) {
 	e, err := s.kv.Get(ctx, checkpointKey(taskID))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -75,7 +80,9 @@ func (s *CheckpointStore) Load(ctx context.Context, taskID string) (*wire.Checkp
 	}
 	var cp wire.Checkpoint
 	if err := json.Unmarshal(e.Value(), &cp); err != nil {
-		return nil, fmt.Errorf("decode checkpoint of %s: %w", taskID, err)
+		// Not a checkpoint: the task starts over rather than failing on it.
+		s.Quarantine.Report(kv.BadValue(wire.BucketCheckpoints, e.Key(), e.Revision(), err), "ignored: the task starts without a checkpoint")
+		return nil, nil
 	}
 	return &cp, nil
 }

@@ -103,7 +103,8 @@ func (s *Store) expires(state wire.TaskState) bool {
 // KeyValue returns the underlying bucket, for watching.
 func (s *Store) KeyValue() jetstream.KeyValue { return s.kv }
 
-// Get returns the record of task id and its revision.
+// Get returns the record of task id and its revision. A value that is not
+// a task record is a *kv.BadValueError (errors.Is kv.ErrBadValue).
 func (s *Store) Get(ctx context.Context, id string) (wire.TaskRecord, uint64, error) {
 	if !wire.ValidTaskID(id) {
 		return wire.TaskRecord{}, 0, fmt.Errorf("task %q: %w", id, ErrNotFound)
@@ -117,7 +118,7 @@ func (s *Store) Get(ctx context.Context, id string) (wire.TaskRecord, uint64, er
 	}
 	var r wire.TaskRecord
 	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		return wire.TaskRecord{}, 0, fmt.Errorf("decode task %s: %w", id, err)
+		return wire.TaskRecord{}, 0, fmt.Errorf("task %s: %w", id, kv.BadValue(wire.BucketTasks, id, e.Revision(), err))
 	}
 	return r, e.Revision(), nil
 }
@@ -237,6 +238,9 @@ func encodeTask(r wire.TaskRecord) ([]byte, error) {
 	if !wire.ValidTaskID(r.ID) {
 		return nil, fmt.Errorf("task id %q: want 1 to %d letters, digits, '-', '_' or '='", r.ID, wire.MaxTaskIDLen)
 	}
+	// An error text may quote what a handler printed or received: it is
+	// shown by 'gantry task get', so it is stored redacted.
+	r.LastError = wire.RedactLine(r.LastError)
 	data, err := json.Marshal(r)
 	if err != nil {
 		return nil, fmt.Errorf("encode task %s: %w", r.ID, err)

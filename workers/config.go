@@ -94,6 +94,10 @@ type Config struct {
 	// executable), and without one Linux falls back from a cgroup to the
 	// process group.
 	ProcessTrees proctree.Config
+	// ConsumerCheck is how often each consumer is checked for having been
+	// deleted (it is recreated, as is a deleted tasks stream). Defaults to
+	// durable.DefaultCheckInterval (5 s).
+	ConsumerCheck time.Duration
 	// DrainTimeout is how long running tasks may take to finish after Stop
 	// before they are interrupted (exec trees get SIGTERM, then SIGKILL
 	// after KillGrace) and handed back to the broker. Defaults to 5 s.
@@ -138,6 +142,13 @@ type Config struct {
 	PresenceInterval time.Duration
 }
 
+// The range of Queue.AckWait. The consumer's BackOff doubles it four times,
+// which must not overflow.
+const (
+	MinAckWait = 100 * time.Millisecond
+	MaxAckWait = 24 * time.Hour
+)
+
 // Queue is one queue workers consume.
 type Queue struct {
 	// Name is the queue's subject token: tasks are on
@@ -147,7 +158,7 @@ type Queue struct {
 	// tasks run at once across every worker. Defaults to 64.
 	Concurrency int
 	// AckWait is the ack deadline of a delivery; a running task heartbeats
-	// every AckWait/3. Defaults to 30 s.
+	// every AckWait/3. From MinAckWait to MaxAckWait; defaults to 30 s.
 	AckWait time.Duration
 	// Policy overrides Config.Policy for this queue.
 	Policy Policy
@@ -298,8 +309,8 @@ func (c Config) withDefaults() (Config, error) {
 		seen[q.Name] = true
 		q.Concurrency = cmp.Or(q.Concurrency, 64)
 		q.AckWait = cmp.Or(q.AckWait, 30*time.Second)
-		if q.AckWait < 100*time.Millisecond {
-			return c, fmt.Errorf("queue %s: ack wait %v: want at least 100ms", q.Name, q.AckWait)
+		if q.AckWait < MinAckWait || q.AckWait > MaxAckWait {
+			return c, fmt.Errorf("queue %s: ack wait %v: want %v to %v", q.Name, q.AckWait, MinAckWait, MaxAckWait)
 		}
 		if q.Concurrency < 1 {
 			return c, fmt.Errorf("queue %s: concurrency %d: want at least 1", q.Name, q.Concurrency)

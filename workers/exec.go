@@ -44,6 +44,9 @@ func (w *Workers) runExec(ctx context.Context, t *Task) error {
 	if t.Resource != "" {
 		env = append(env, wire.EnvResource+"="+t.Resource)
 	}
+	if t.LeaseRevision != 0 {
+		env = append(env, wire.EnvLeaseRevision+"="+strconv.FormatUint(t.LeaseRevision, 10))
+	}
 	cmd.Env = env
 	cmd.Stdin = strings.NewReader(p.Stdin)
 	stdout, stderr := newTail(w.cfg.OutputTail), newTail(w.cfg.OutputTail)
@@ -80,7 +83,9 @@ func (w *Workers) runExec(ctx context.Context, t *Task) error {
 	code := proctree.ExitStatus(ee.ProcessState)
 	failure := fmt.Errorf("exec %s: exit code %d", p.Cmd[0], code)
 	if line := lastLine(stderr.String()); line != "" {
-		failure = fmt.Errorf("%w: %s", failure, line)
+		// The error goes into the record, events and logs: redacted as
+		// the output is.
+		failure = fmt.Errorf("%w: %s", failure, redactText(wire.RedactLine(line), secretValues(t.Payload)))
 	}
 	switch {
 	case slices.Contains(p.FailExitCodes, code):

@@ -213,6 +213,11 @@ func (d *delivery) run(ctx context.Context) {
 			return err
 		})
 		switch {
+		case errors.Is(err, kv.ErrBadValue):
+			// Any client can write garbage over a record: it tells nothing,
+			// and the next write of the task replaces it.
+			d.quarantined(err)
+			d.lostAttempts(wire.TaskRecord{})
 		case err != nil:
 			w.log.Warn("read task state", "task_id", id, "err", err)
 			d.nak(time.Second)
@@ -355,6 +360,9 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	defer untrackOutput()
 	t := &Task{ID: id, Type: d.rec.Type, Queue: d.rec.Queue, Attempt: attempt, Payload: d.task.Payload,
 		Resource: d.rec.Resource, Deadline: deadline, cps: w.cps, live: live}
+	if holder != nil {
+		t.LeaseRevision = holder.Lease().Revision
+	}
 	err := d.call(tctx, t)
 	pm.run.Observe(time.Since(start).Seconds())
 	pm.running.Dec()
@@ -610,16 +618,32 @@ func (d *delivery) delay(ctx context.Context, wait time.Duration, state wire.Tas
 	d.nak(wait)
 }
 
-// needsReview parks the task: its message leaves the stream and is kept in
-// the record for `gantry task retry`.
+// needsReview parks the task: its message is kept on its review subject
+// for `gantry task retry`, its record written, and only then does the
+// message leave its queue.
 func (d *delivery) needsReview(ctx context.Context, reason error) {
 	d.mu.Lock()
 	d.final = true
 	d.mu.Unlock()
 	d.rec.LastError = reason.Error()
-	d.rec.Message = d.stored()
-	d.w.needsReviewRecord(ctx, d.rec)
-	d.term(reason.Error())
+	d.review(ctx, d.stored(), reason.Error())
+}
+
+// reviewRetry is when a task whose review could not be stored is delivered
+// again.
+const reviewRetry = 5 * time.Second
+
+// review records the task NEEDS_REVIEW, keeping msg (unless nil), and
+// terms its message. If the message cannot be kept or the record written,
+// the message stays in its queue and is delivered again after reviewRetry:
+// nothing accepted leaves the stream before what replaces it is stored.
+func (d *delivery) review(ctx context.Context, msg *wire.StoredMessage, reason string) {
+	if err := d.w.needsReviewRecord(ctx, d.rec, msg); err != nil {
+		d.w.log.Error("task not parked for review; its message stays in the queue", "task_id", d.rec.ID, "retry_in", reviewRetry, "err", err)
+		d.nak(reviewRetry)
+		return
+	}
+	d.term(reason)
 }
 
 func (d *delivery) finishCancelled(ctx context.Context) {
@@ -641,11 +665,11 @@ func (d *delivery) reject(ctx context.Context, reason error) {
 		Payload: audit.Payload(map[string]any{"subject": d.msg.Subject(), "seq": d.rec.Seq, "size": len(d.msg.Data())})})
 	d.rec.Attempts = 0
 	d.rec.LastError = "rejected: " + reason.Error()
+	var kept *wire.StoredMessage
 	if len(d.msg.Data()) <= d.w.cfg.MaxPayload {
-		d.rec.Message = d.stored()
+		kept = d.stored()
 	}
-	d.w.needsReviewRecord(ctx, d.rec)
-	d.term(reason.Error())
+	d.review(ctx, kept, reason.Error())
 }
 
 // emit publishes ev about the delivery's task, stamped with its id, its
@@ -653,6 +677,15 @@ func (d *delivery) reject(ctx context.Context, reason error) {
 func (d *delivery) emit(ev wire.Event) {
 	ev.TaskID, ev.ResourceID, ev.JobID = d.rec.ID, d.rec.Resource, d.rec.Job
 	d.w.emitAsync(ev)
+}
+
+// quarantined records the bad value err names as VALUE_QUARANTINED, about
+// the delivery's task.
+func (d *delivery) quarantined(err error) {
+	var bad *kv.BadValueError
+	if errors.As(err, &bad) {
+		d.emit(bad.Event("replaced by the task's next write"))
+	}
 }
 
 // lostAttempts emits ATTEMPT_LOST when deliveries before this one ended
@@ -748,7 +781,7 @@ func (d *delivery) persist(ctx context.Context, op func(context.Context) error) 
 		octx, cancel := context.WithTimeout(ctx, ackTimeout)
 		err := op(octx)
 		cancel()
-		if err == nil || ctx.Err() != nil || time.Now().After(deadline) || errors.Is(err, kv.ErrInvalid) {
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) || settledError(err) {
 			return err
 		}
 		d.w.log.Debug("broker unavailable, trying again", "task_id", d.rec.ID, "err", err)
@@ -760,6 +793,18 @@ func (d *delivery) persist(ctx context.Context, op func(context.Context) error) 
 		}
 		wait = min(2*wait, 2*time.Second)
 	}
+}
+
+// settledError reports whether err is an answer the store will give again
+// (bad input, a bad value, a missing or taken key, a lost compare-and-swap),
+// not a broker that failed to answer: persist does not try again.
+func settledError(err error) bool {
+	for _, kind := range []error{kv.ErrInvalid, kv.ErrBadValue, kv.ErrNotFound, kv.ErrExists, kv.ErrChanged} {
+		if errors.Is(err, kind) {
+			return true
+		}
+	}
+	return false
 }
 
 func (d *delivery) ack() {

@@ -138,8 +138,8 @@ func TestRejectedTaskKeepsItsID(t *testing.T) {
 	b.start(t, Config{}, nil)
 	b.publish(t, wire.TaskSubject("", "exec"), `{"id":"py-bad-r1","timeout":5}`)
 	rec := b.waitState(t, "py-bad-r1", wire.TaskNeedsReview, 10*time.Second)
-	if !strings.Contains(rec.LastError, "timeout") || rec.Message == nil {
-		t.Errorf("record = last error %q, message %v, want the bad timeout named and the message kept", rec.LastError, rec.Message)
+	if !strings.Contains(rec.LastError, "timeout") || rec.Kept == "" {
+		t.Errorf("record = last error %q, kept %q, want the bad timeout named and the message kept", rec.LastError, rec.Kept)
 	}
 	evs := b.waitEvents(t, "py-bad-r1", wire.EventTaskRejected, 1, 5*time.Second)
 	if !strings.Contains(evs[0].Message, `field "timeout"`) {

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
 )
 
@@ -84,4 +85,35 @@ func TestFailedStartStopsWhatStarted(t *testing.T) {
 		}
 	}
 	t.Fatalf("no task reached its handler before the start failed in %d attempts", attempts)
+}
+
+// TestConsumerAndStreamDeletedAreRecreated: the queue's consumer, then the
+// tasks stream, deleted behind the workers' back, are recreated as
+// provisioned, and tasks run again; Healthy says so meanwhile.
+func TestConsumerAndStreamDeletedAreRecreated(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	w, _ := b.start(t, Config{ConsumerCheck: 100 * time.Millisecond}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.Healthy(); err != nil {
+		t.Fatalf("Healthy once ready = %v, want nil", err)
+	}
+	for i, remove := range []func() error{
+		func() error { return b.env.JS.DeleteConsumer(ctx, wire.StreamTasks, "gantry-workers-default") },
+		func() error { return b.env.JS.DeleteStream(ctx, wire.StreamTasks) },
+	} {
+		if err := remove(); err != nil {
+			t.Fatal(err)
+		}
+		id := fmt.Sprintf("after-%d", i)
+		check.For(t, 10*time.Second, 50*time.Millisecond, func() error {
+			if err := w.Healthy(); err != nil {
+				return err
+			}
+			_, err := b.env.JS.Publish(ctx, wire.TaskSubject("", "noop"), []byte(`{"id":"`+id+`"}`), jetstream.WithMsgID(id))
+			return err
+		})
+		b.waitState(t, id, wire.TaskSucceeded, 10*time.Second)
+	}
 }

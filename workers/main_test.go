@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
 	"github.com/gantry-dev/gantry/broker/wire"
@@ -188,21 +190,42 @@ func (b *bundle) waitEvents(t *testing.T, id string, typ wire.EventType, n int, 
 	return nil
 }
 
-// streamMsgs is how many task messages are left in the stream.
+// streamMsgs is how many task messages are left in their queues (the
+// messages kept for review not counted).
 func (b *bundle) streamMsgs(t *testing.T) uint64 {
 	t.Helper()
 	s, err := b.env.JS.Stream(context.Background(), wire.StreamTasks)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := s.Info(context.Background())
+	info, err := s.Info(context.Background(), jetstream.WithSubjectFilter(">"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return info.State.Msgs
+	var n uint64
+	for subj, msgs := range info.State.Subjects {
+		if !strings.HasPrefix(subj, wire.SubjectReviewPrefix+".") {
+			n += msgs
+		}
+	}
+	return n
 }
 
-// waitEmpty waits until no task message is left in the stream.
+// kept returns the message kept for the review of the task of rec.
+func (b *bundle) kept(t *testing.T, rec wire.TaskRecord) *jetstream.RawStreamMsg {
+	t.Helper()
+	s, err := b.env.JS.Stream(context.Background(), wire.StreamTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetLastMsgForSubject(context.Background(), rec.Kept)
+	if err != nil {
+		t.Fatalf("kept message of task %s on %q: %v", rec.ID, rec.Kept, err)
+	}
+	return m
+}
+
+// waitEmpty waits until no task message is left in its queue.
 func (b *bundle) waitEmpty(t *testing.T, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)

@@ -112,3 +112,38 @@ func TestExecOutputRateNeverSlowsTheTask(t *testing.T) {
 
 // touch creates an empty file at path.
 func touch(path string) error { return os.WriteFile(path, nil, 0o600) }
+
+// TestSecretsStayOutOfRecordsAndEvents: a failing exec task whose stderr
+// and environment carry secrets leaves none of them in its record
+// (last_error, output, the message kept for review) or in the messages of
+// its events.
+func TestSecretsStayOutOfRecordsAndEvents(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t, Config{Policy: fastPolicy}, nil)
+	script := `echo "login with $DB_PASSWORD" >&2; echo "session=s-77 pass: p-88" >&2; echo "retrying, pw=hunter2" >&2; exit 3`
+	b.publish(t, wire.TaskSubject("", "exec"), map[string]any{"id": "leaky-1", "payload": map[string]any{
+		"cmd": []string{"sh", "-c", script}, "env": map[string]string{"DB_PASSWORD": "swordfish", "AUTH": "a-99"},
+		"fail_exit_codes": []int{3}}})
+	rec := b.waitState(t, "leaky-1", wire.TaskNeedsReview, 10*time.Second)
+	secrets := []string{"swordfish", "hunter2", "s-77", "p-88", "a-99"}
+	leaks := func(what, s string) {
+		t.Helper()
+		for _, sec := range secrets {
+			if strings.Contains(s, sec) {
+				t.Errorf("%s = %q, want %q redacted", what, s, sec)
+			}
+		}
+	}
+	leaks("last_error", rec.LastError)
+	leaks("output", rec.Output)
+	if rec.Message != nil {
+		t.Errorf("record message = %s, want the message kept out of the record", rec.Message.Data)
+	}
+	for _, typ := range []wire.EventType{wire.EventNeedsReview, wire.EventTaskFinished} {
+		for _, ev := range b.waitEvents(t, "leaky-1", typ, 1, 5*time.Second) {
+			leaks(string(typ)+" message", ev.Message)
+			leaks(string(typ)+" payload", string(ev.Payload))
+		}
+	}
+}

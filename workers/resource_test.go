@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -385,5 +387,35 @@ func TestResourceBusyLastError(t *testing.T) {
 	rec := b.waitState(t, "busy1", wire.TaskWaiting, 10*time.Second)
 	if want := "waiting for resource cam1: held by alice until "; !strings.HasPrefix(rec.LastError, want) || strings.Count(rec.LastError, "cam1") != 1 {
 		t.Errorf("last_error = %q, want it to start %q and name cam1 once", rec.LastError, want)
+	}
+}
+
+// TestExecUnderLeaseGetsFencingToken: an exec task on a resource finds its
+// lease's revision in GANTRY_LEASE_REVISION, and the next task on the same
+// resource a higher one.
+func TestExecUnderLeaseGetsFencingToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t, Config{}, nil)
+	dir := t.TempDir()
+	var tokens []uint64
+	for i := range 2 {
+		file := fmt.Sprintf("%s/token-%d", dir, i)
+		id := fmt.Sprintf("fenced-%d", i)
+		b.publish(t, wire.TaskSubject("", "exec"), map[string]any{"id": id, "resource": "cam1",
+			"payload": map[string]any{"cmd": []string{"sh", "-c", `echo "$GANTRY_LEASE_REVISION" > "$0"`, file}}})
+		b.waitState(t, id, wire.TaskSucceeded, 10*time.Second)
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
+		if err != nil || n == 0 {
+			t.Fatalf("GANTRY_LEASE_REVISION = %q, want a revision", data)
+		}
+		tokens = append(tokens, n)
+	}
+	if tokens[1] <= tokens[0] {
+		t.Errorf("fencing tokens = %v, want the later task's higher", tokens)
 	}
 }

@@ -46,6 +46,10 @@ type Task struct {
 	Attempt  int
 	Payload  json.RawMessage
 	Resource string
+	// LeaseRevision is the revision of the lease held on Resource (0
+	// without one): a fencing token, higher for every later holder, that
+	// the handler can pass to what it writes.
+	LeaseRevision uint64
 	// Deadline is when the attempt times out.
 	Deadline time.Time
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,9 +20,11 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/asyncpub"
 	"github.com/gantry-dev/gantry/internal/audit"
+	"github.com/gantry-dev/gantry/internal/durable"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
 	"github.com/gantry-dev/gantry/internal/proctree"
 	"github.com/gantry-dev/gantry/internal/rpc"
+	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/lease"
 	"github.com/gantry-dev/gantry/sqltask"
 	"github.com/gantry-dev/gantry/tasks"
@@ -100,6 +103,9 @@ type Workers struct {
 	// in line for a resource are handed back at once.
 	stopping     context.Context
 	markStopping context.CancelFunc
+	// durables are the consumers Run started, for Healthy.
+	dmu      sync.Mutex
+	durables []*durable.Consumer
 
 	// pub publishes the hot path's audit events and task records without
 	// waiting, and checks their acknowledgements.
@@ -407,6 +413,7 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 	if w.cps, err = tasks.NewCheckpointStore(ctx, w.js); err != nil {
 		return err
 	}
+	w.cps.Quarantine = kv.NewQuarantine(w.emitAsync)
 	if w.resources, err = lease.NewResources(w.js, lease.ResourcesConfig{Audit: w.audit, Logger: w.log, Clock: w.cfg.Clock}); err != nil {
 		return err
 	}
@@ -437,7 +444,7 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 
 	// The consumers and sorters started so far; stopTaking stops them and
 	// waits for the tasks they delivered, on a failed start or a stop.
-	var ccs []jetstream.ConsumeContext
+	var ccs []*durable.Consumer
 	var sorting sync.WaitGroup
 	stopped := false
 	stopTaking := func(grace time.Duration) {
@@ -484,27 +491,25 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 			return fmt.Errorf("subscribe %s: %w", electedSubj, err)
 		}
 		defer func() { _ = elected.Unsubscribe() }()
-		cons, err := w.js.CreateOrUpdateConsumer(ctx, wire.StreamTasks, w.consumerConfig(sp))
-		if err != nil {
-			return fmt.Errorf("consumer %s: %w", sp.name, err)
-		}
-		if sp.lane != nil {
-			sp.lane.cons = cons
-		}
 		if len(sp.queue.Types) > 0 && sp.typ == "" {
 			w.log.Debug("queue types set without concurrency; one consumer for the queue", "queue", sp.queue.Name)
 		}
-		cc, err := cons.Consume(func(m jetstream.Msg) { w.dispatch(ctx, sp, m) },
-			jetstream.PullMaxMessages(min(sp.concurrency, 256)),
-			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-				if !errors.Is(err, jetstream.ErrNoHeartbeat) {
-					w.log.Debug("consume", "consumer", sp.name, "err", err)
-				}
-			}))
+		// A consumer, or the stream, deleted behind the workers' back is
+		// recreated as provisioned; Healthy reports the gap.
+		cc, err := durable.Start(ctx, w.js, durable.Config{
+			Stream: stream.CachedInfo().Config, Consumer: w.consumerConfig(sp),
+			Handler:       func(m jetstream.Msg) { w.dispatch(ctx, sp, m) },
+			Options:       []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(min(sp.concurrency, 256))},
+			CheckInterval: w.cfg.ConsumerCheck, Logger: w.log,
+		})
 		if err != nil {
-			return fmt.Errorf("consume %s: %w", sp.name, err)
+			return err
+		}
+		if sp.lane != nil {
+			sp.lane.cons = cc.Consumer()
 		}
 		ccs = append(ccs, cc)
+		w.setDurables(ccs)
 		w.log.Info("consuming", "consumer", sp.name, "subject", sp.subject, "concurrency", sp.concurrency, "ack_wait", sp.queue.AckWait)
 	}
 	// The sorters start once their lanes are consumed: they read the
@@ -534,6 +539,31 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 	}
 	stopTaking(w.cfg.DrainTimeout)
 	return nil
+}
+
+// setDurables records the consumers Healthy reports on.
+func (w *Workers) setDurables(ccs []*durable.Consumer) {
+	w.dmu.Lock()
+	defer w.dmu.Unlock()
+	w.durables = slices.Clone(ccs)
+}
+
+// Healthy returns nil while every consumer consumes, and why not otherwise:
+// before Run has started them, or while one (or the tasks stream) is being
+// recreated after it was deleted.
+func (w *Workers) Healthy() error {
+	select {
+	case <-w.Ready():
+	default:
+		return errors.New("workers not consuming yet")
+	}
+	w.dmu.Lock()
+	defer w.dmu.Unlock()
+	var errs []error
+	for _, c := range w.durables {
+		errs = append(errs, c.Healthy())
+	}
+	return errors.Join(errs...)
 }
 
 // waitTasks waits for the running tasks to end; once grace has passed, or
@@ -812,17 +842,37 @@ func (w *Workers) maxDeliveries(ctx context.Context, stream jetstream.Stream, da
 		msg += "; last error: " + rec.LastError
 	}
 	rec.LastError = msg
-	rec.Message = asPublished(raw.Subject, raw.Header, raw.Data)
-	w.needsReviewRecord(ctx, rec)
+	kept := asPublished(raw.Subject, raw.Header, raw.Data)
+	// The advisory comes once: the review is tried a few times before the
+	// message is left where it is, never delivered again but not lost.
+	err = w.needsReviewRecord(ctx, rec, kept)
+	for try := 1; err != nil && try < advisoryTries && ctx.Err() == nil; try++ {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(try) * time.Second):
+			err = w.needsReviewRecord(ctx, rec, kept)
+		}
+	}
+	if err != nil {
+		w.log.Error("task at max deliveries not parked for review; its message stays in the stream", "task_id", rec.ID, "seq", adv.StreamSeq, "err", err)
+		return
+	}
 	if err := stream.DeleteMsg(ctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		w.log.Error("delete task at max deliveries", "task_id", rec.ID, "seq", adv.StreamSeq, "err", err)
 	}
 	w.log.Warn("task reached max deliveries", "task_id", rec.ID, "seq", adv.StreamSeq, "deliveries", adv.Deliveries)
 }
 
-// needsReviewRecord writes rec as NEEDS_REVIEW and emits NEEDS_REVIEW and
-// TASK_FINISHED.
-func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord) {
+// advisoryTries bounds the attempts to park a task at max deliveries.
+const advisoryTries = 4
+
+// needsReviewRecord keeps msg (unless nil) on the task's review subject,
+// writes rec as NEEDS_REVIEW pointing at it, and emits NEEDS_REVIEW and
+// TASK_FINISHED. The record never holds the message: it fits the bucket
+// whatever the message's size, and a secret in the message's payload stays
+// out of what `gantry task get` prints. Only once it returns nil may the
+// message leave its queue.
+func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord, msg *wire.StoredMessage) error {
 	rec.State = wire.TaskNeedsReview
 	rec.UpdatedAt = w.cfg.Clock.Now()
 	w.metrics.pair(rec.Queue, rec.Type).needsReview.Inc()
@@ -830,11 +880,40 @@ func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord) {
 	if rec.CreatedAt.IsZero() {
 		rec.CreatedAt = rec.UpdatedAt
 	}
+	rec.Message, rec.Kept = nil, ""
+	if msg != nil {
+		if err := w.keep(ctx, rec.ID, msg); err != nil {
+			return err
+		}
+		rec.Kept = wire.ReviewSubject(rec.ID)
+	}
 	if _, err := w.tasks.Put(ctx, rec); err != nil {
-		w.log.Error("write task state", "task_id", rec.ID, "state", rec.State, "err", err)
+		return fmt.Errorf("write task state %s: %w", rec.State, err)
 	}
 	w.emitAsync(wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
 		Message: rec.LastError, Payload: audit.Payload(map[string]any{"attempts": rec.Attempts, "queue": rec.Queue, "type": rec.Type})})
 	w.emitAsync(wire.Event{Type: wire.EventTaskFinished, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
 		Message: "task needs review", Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, Run: max(rec.Run, 1), State: rec.State})})
+	return nil
+}
+
+// keep publishes msg, as its publisher sent it, on the review subject of
+// task id, and waits until the stream has it. It drops the Nats-Msg-Id,
+// which the stream would take for a duplicate of the task's first publish;
+// so the copy is never larger than the message.
+func (w *Workers) keep(ctx context.Context, id string, msg *wire.StoredMessage) error {
+	m := &nats.Msg{Subject: wire.ReviewSubject(id), Data: msg.Data}
+	for k, v := range msg.Header {
+		if k == jetstream.MsgIDHeader {
+			continue
+		}
+		if m.Header == nil {
+			m.Header = nats.Header{}
+		}
+		m.Header[k] = v
+	}
+	if _, err := w.js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("keep the message of task %s for review: %w", id, err)
+	}
+	return nil
 }

@@ -136,7 +136,7 @@ func TestPermanentAndExhausted(t *testing.T) {
 	})
 	b.publish(t, wire.TaskSubject("", "perm"), `{"id":"p1"}`)
 	rec := b.waitState(t, "p1", wire.TaskNeedsReview, 10*time.Second)
-	if rec.Attempts != 1 || !strings.Contains(rec.LastError, "bad row") || rec.Message == nil {
+	if rec.Attempts != 1 || !strings.Contains(rec.LastError, "bad row") || rec.Kept != wire.ReviewSubject("p1") {
 		t.Errorf("record = %+v, want attempts 1, last error bad row, message kept", rec)
 	}
 	b.publish(t, wire.TaskSubject("", "flaky"), `{"id":"x1","max_attempts":2}`)
@@ -273,8 +273,8 @@ func TestMaxDeliveriesAdvisory(t *testing.T) {
 	b.start(t, Config{MaxDeliver: 3, Policy: fastPolicy}, map[string]Handler{"busy": always})
 	b.publish(t, wire.TaskSubject("", "busy"), `{"id":"md1"}`)
 	rec := b.waitState(t, "md1", wire.TaskNeedsReview, 15*time.Second)
-	if !strings.Contains(rec.LastError, "max deliveries (3)") || rec.Message == nil {
-		t.Errorf("record = last error %q, message %v, want max deliveries (3) and the message kept", rec.LastError, rec.Message)
+	if !strings.Contains(rec.LastError, "max deliveries (3)") || rec.Kept != wire.ReviewSubject("md1") {
+		t.Errorf("record = last error %q, kept %q, want max deliveries (3) and the message kept", rec.LastError, rec.Kept)
 	}
 	b.waitEmpty(t, 5*time.Second)
 	b.waitEvents(t, "md1", wire.EventTaskFinished, 1, 5*time.Second)

@@ -67,7 +67,8 @@ func (q *AuditQuery) Matches(ev *Event) bool {
 // AuditPage is the reply on SubjectAuditQuery: one page of events, oldest
 // first. Cursor is set when more events may match; send it back in
 // AuditQuery.Cursor for the next page. A page can hold fewer events than
-// the limit and still have a cursor when auditd stopped at its scan budget.
+// the limit and still have a cursor when auditd stopped at its scan budget,
+// or at its byte budget (a reply must fit the broker's message limit).
 type AuditPage struct {
 	Events []Event `json:"events"`
 	Cursor string  `json:"cursor,omitempty"`

@@ -47,6 +47,9 @@ func TestRedactNestedAndMixedCase(t *testing.T) {
 			`{"credentials":"[REDACTED]","ok":1}`},
 		{"escaped key", `{"pass\u0077ord":"p"}`, `{"password":"[REDACTED]"}`},
 		{"more words", `{"ssh":{"Passphrase":"p","Private_Key":"k"}}`, `{"ssh":{"Passphrase":"[REDACTED]","Private_Key":"[REDACTED]"}}`},
+		{"short words as whole segments",
+			`{"auth":"a","DB_PASS":"p","pwd":"w","session_id":"s","X-Auth-User":"u","author":"bob","bypass":1,"passed":2}`,
+			`{"DB_PASS":"[REDACTED]","X-Auth-User":"[REDACTED]","auth":"[REDACTED]","author":"bob","bypass":1,"passed":2,"pwd":"[REDACTED]","session_id":"[REDACTED]"}`},
 		{"no secret: kept as is", `{"state":"SUCCEEDED","attempts":2}`, `{"state":"SUCCEEDED","attempts":2}`},
 		{"secret word only in a value: kept", `{"note":"rotate the token"}`, `{"note":"rotate the token"}`},
 	} {

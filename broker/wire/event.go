@@ -70,6 +70,12 @@ const (
 	EventLeaderElected EventType = "LEADER_ELECTED"
 
 	EventConfigRejected EventType = "CONFIG_REJECTED"
+
+	// EventValueQuarantined records a value in a bucket that a component
+	// could not use (not the JSON it should be, a lease without the
+	// broker's TTL, a term that is not a number) and what it did with it.
+	// Its payload has "bucket", "key", "revision", "reason" and "action".
+	EventValueQuarantined EventType = "VALUE_QUARANTINED"
 )
 
 // eventSubjects maps each event type to its <kind>.<verb>.
@@ -114,6 +120,7 @@ var eventSubjects = map[EventType]string{
 	EventAlertResourceFault: "alert.resource_fault",
 	EventAlertLeaderLost:    "alert.leader_lost",
 	EventAlertAuditLag:      "alert.audit_lag",
+	EventValueQuarantined:   "kv.value_quarantined",
 }
 
 // EventTypes lists every known event type.

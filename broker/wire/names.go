@@ -59,6 +59,13 @@ const (
 	// SubjectReadyAll matches every sorted task.
 	SubjectReadyAll = SubjectReadyPrefix + ".>"
 
+	// SubjectReviewPrefix prefixes the subjects where the message of a task
+	// in NEEDS_REVIEW is kept, in StreamTasks, until it is retried:
+	// gantry.review.<task id>. No consumer reads them.
+	SubjectReviewPrefix = "gantry.review"
+	// SubjectReviewAll matches every kept message.
+	SubjectReviewAll = SubjectReviewPrefix + ".>"
+
 	// SubjectAuditPrefix prefixes every audit event subject:
 	// gantry.audit.<kind>.<verb>.
 	SubjectAuditPrefix = "gantry.audit"
@@ -97,6 +104,10 @@ func TaskSubject(queue, typ string) string {
 func ReadySubject(queue, typ string) string {
 	return SubjectReadyPrefix + "." + queue + "." + typ
 }
+
+// ReviewSubject returns the subject the message of task id is kept on
+// while the task is in NEEDS_REVIEW.
+func ReviewSubject(id string) string { return SubjectReviewPrefix + "." + id }
 
 // ParseTaskSubject splits gantry.tasks.<queue>.<type>, or the sorted
 // gantry.ready.<queue>.<type>, into its queue and type.

@@ -38,8 +38,12 @@ func TestRedactLine(t *testing.T) {
 		`connecting with "db_password": "s3cr=t"`:   `connecting with "db_password": "[REDACTED]"`,
 		`{"user":"bob","token":"t-1"}`:              `{"token":"[REDACTED]","user":"bob"}`,
 		"export AWS_SECRET_ACCESS_KEY='k/ey' && go": "export AWS_SECRET_ACCESS_KEY='[REDACTED]' && go",
-		"cookie=a; session=b":                       "cookie=[REDACTED]; session=b",
+		"cookie=a; session=b":                       "cookie=[REDACTED]; session=[REDACTED]",
 		"the secret is out":                         "the secret is out",
+		"login failed: pw=hunter2":                  "login failed: pw=[REDACTED]",
+		"DB_PASS=x PWD=/srv auth: basic dTpw":       "DB_PASS=[REDACTED] PWD=[REDACTED] auth: [REDACTED]",
+		`{"sessionId":"s1","n":1}`:                  `{"n":1,"sessionId":"[REDACTED]"}`,
+		"tests passed: 5, author: bob, sessions=2":  "tests passed: 5, author: bob, sessions=2",
 	} {
 		if got := RedactLine(in); got != want {
 			t.Errorf("RedactLine(%q) = %q, want %q", in, got, want)

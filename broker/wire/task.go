@@ -163,4 +163,9 @@ const (
 	EnvTaskID   = "GANTRY_TASK_ID"
 	EnvAttempt  = "GANTRY_ATTEMPT"
 	EnvResource = "GANTRY_RESOURCE"
+	// EnvLeaseRevision is the revision of the lease the process runs
+	// under (an exec task with a resource, `gantry lease run`): a fencing
+	// token, higher for every later holder of the resource, that the
+	// process can pass to what it writes.
+	EnvLeaseRevision = "GANTRY_LEASE_REVISION"
 )

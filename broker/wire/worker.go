@@ -39,8 +39,15 @@ type TaskRecord struct {
 	// Result is what the handler of a task that SUCCEEDED returned (sql:
 	// a SQLResult), bounded; TASK_FINISHED carries it too.
 	Result json.RawMessage `json:"result,omitempty"`
-	// Message is the task's message, kept once it has left the stream
-	// (NEEDS_REVIEW), so that `gantry task retry` can publish it again.
+	// Kept is the subject of StreamTasks that keeps the task's message,
+	// as published, while the task is in NEEDS_REVIEW (ReviewSubject of
+	// its id), so that `gantry task retry` can publish it again. The
+	// message is kept there before the record is written and removed from
+	// its queue only after: a message of any size (up to the broker's
+	// limit) has a record that fits.
+	Kept string `json:"kept,omitempty"`
+	// Message is the task's message as records written by earlier
+	// releases kept it (now Kept); `gantry task retry` still reads it.
 	Message *StoredMessage `json:"message,omitempty"`
 	// Run numbers the task's runs: a task runs once when published, and
 	// once more after each `gantry task retry`. Each run ends in exactly
@@ -49,7 +56,8 @@ type TaskRecord struct {
 	Run int `json:"run,omitempty"`
 }
 
-// StoredMessage is a task message kept outside the stream.
+// StoredMessage is a task message kept outside its queue: where Kept
+// points, or in an earlier release's record.
 type StoredMessage struct {
 	Subject string              `json:"subject"`
 	Header  map[string][]string `json:"header,omitempty"`

@@ -17,6 +17,7 @@ func TestWorkerGolden(t *testing.T) {
 			},
 			Deliveries: 4, Delays: 1, MaxAttempts: 3, Priority: 2, Key: "k-1", NotBefore: &nb, RetryAt: &nb,
 			Seq: 42, Worker: "pc-1-123", Job: "tick", Output: "boom\n", Result: json.RawMessage(`{"rows_affected":1}`),
+			Kept:    "gantry.review.task-1",
 			Message: &StoredMessage{Subject: "gantry.tasks.default.exec", Header: map[string][]string{"Gantry-Job": {"tick"}}, Data: []byte(`{"id":"task-1"}`)},
 		},
 		"checkpoint": Checkpoint{

@@ -112,7 +112,8 @@ func (a *app) auditQueryCommand() *cobra.Command {
 		Use:   "query",
 		Short: "Query the audit store (through gantry.api.audit.query)",
 		Long: `Query prints stored audit events, oldest first, that match every filter
-given. A page holds --limit events; when more match, the command prints the
+given. A page holds --limit events (auditd answers in parts of under 1 MiB,
+which the command puts together); when more match, the command prints the
 cursor for the next page (--cursor), or follows every page with --all.
 With --json it prints one document: {"events": [...], "cursor": "..."}.`,
 		Example: `  gantry audit query --task 4711
@@ -157,7 +158,11 @@ With --json it prints one document: {"events": [...], "cursor": "..."}.`,
 
 func (a *app) auditQuery(ctx context.Context, q wire.AuditQuery, all bool) error {
 	return a.withClient(ctx, "gantry-audit-query", func(c *client.Client) error {
+		// auditd cuts a page short to keep its reply within the broker's
+		// message limit: without --all, the pages are followed until
+		// --limit events are in.
 		var out wire.AuditPage
+		limit := q.Limit
 		for {
 			page, err := c.QueryAudit(ctx, q)
 			if err != nil {
@@ -165,10 +170,13 @@ func (a *app) auditQuery(ctx context.Context, q wire.AuditQuery, all bool) error
 			}
 			out.Events = append(out.Events, page.Events...)
 			out.Cursor = page.Cursor
-			if !all || page.Cursor == "" {
+			if page.Cursor == "" || !all && len(out.Events) >= limit {
 				break
 			}
 			q.Cursor = page.Cursor
+			if !all {
+				q.Limit = limit - len(out.Events)
+			}
 		}
 		if out.Events == nil {
 			out.Events = []wire.Event{}

@@ -378,3 +378,22 @@ func TestAuditEventsSurviveAKill(t *testing.T) {
 		t.Errorf("after kill and restart got %v, want %v", got, ids(evs))
 	}
 }
+
+// TestAuditQueryFillsItsLimit: auditd answers a page of large events in
+// parts under the broker's message limit; `audit query --limit N` puts N
+// events together.
+func TestAuditQueryFillsItsLimit(t *testing.T) {
+	t.Parallel()
+	_, ready := startGantry(t, "run", "--data", t.TempDir(), "--nats-listen", "127.0.0.1:0", "--http-listen", "")
+	_, js := brokertest.Connect(t, ready.NATS)
+	evs := auditEvents(3, time.Now().Add(-24*time.Hour))
+	for i := range evs {
+		evs[i].TaskID = "bulky"
+		evs[i].Payload = json.RawMessage(`{"blob":"` + strings.Repeat("b", 500<<10) + `"}`)
+	}
+	publishEvents(t, js, evs)
+	page := waitQuery(t, ready.NATS, 3, "--task", "bulky", "--limit", "3")
+	if page.Cursor != "" || page.Events[2].ID != evs[2].ID {
+		t.Errorf("--limit 3 = %v, cursor %q; want the 3 events, no cursor", ids(page.Events), page.Cursor)
+	}
+}

@@ -21,6 +21,11 @@ import (
 // defaultLeaseTTL is the TTL of a lease taken from the command line.
 const defaultLeaseTTL = 30 * time.Second
 
+// exitLeaseLost is lease run's exit code when its lease was lost while CMD
+// ran (it lapsed or someone else took the resource): the contract's code
+// for a resource held by another owner.
+const exitLeaseLost = exitConflict
+
 func (a *app) leaseCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "lease",
@@ -216,13 +221,17 @@ TTL/3 while CMD runs, releases it when CMD ends and exits with CMD's exit code.
   CMD to end.
 - If the lease is lost while CMD runs (renewals fail for 2/3 of the TTL, or
   the lease was taken away), CMD's whole process tree is killed and gantry
-  exits 1 saying so.
+  exits 3 saying so. It exits 3 too when CMD ended after the lease was lost
+  (gantry itself was stopped past the TTL), whatever CMD's code: its work
+  was not guarded by the lease.
 - When CMD ends, whatever it left running is killed before the lease is
   released: on Linux everything it started, setsid or double-forked too (a
   cgroup or a subreaper holds the tree); its process group on macOS; its Job
   Object on Windows.
-- CMD finds the resource in GANTRY_RESOURCE and the owner in
-  GANTRY_LEASE_OWNER. A non-zero exit of CMD is a task failure, not a
+- CMD finds the resource in GANTRY_RESOURCE, the owner in
+  GANTRY_LEASE_OWNER and the lease's revision in GANTRY_LEASE_REVISION: a
+  fencing token, higher for every later holder, to pass to what it writes
+  so that a writer that lost the lease can be refused. A non-zero exit of CMD is a task failure, not a
   resource fault: the resource returns to AVAILABLE.
 
 --owner defaults to <host>/<pid>.`,
@@ -269,7 +278,10 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 	}
 	c := exec.Command(argv[0], argv[1:]...)
 	c.Stdin, c.Stdout, c.Stderr = a.stdin, a.stdout, a.stderr
-	c.Env = append(os.Environ(), "GANTRY_RESOURCE="+resource, "GANTRY_LEASE_OWNER="+owner)
+	// The lease's revision is a fencing token: a later holder's is higher,
+	// so what CMD writes to can refuse a writer that lost the lease.
+	c.Env = append(os.Environ(), wire.EnvResource+"="+resource, "GANTRY_LEASE_OWNER="+owner,
+		wire.EnvLeaseRevision+"="+strconv.FormatUint(rh.Lease().Revision, 10))
 	// Output still held by a process that escaped CMD's tree is cut off a
 	// second after CMD ends.
 	c.WaitDelay = time.Second
@@ -311,9 +323,14 @@ func (a *app) leaseRun(ctx context.Context, resource, owner string, ttl time.Dur
 				return errors.Join(withCode(exitFailure, fmt.Errorf("%s stopped: %w", argv[0], cause)), killErr, finish())
 			}
 			lost := fmt.Errorf("lease on %s lost while %s ran (%v): killed its process tree", resource, argv[0], cause)
-			return withCode(exitFailure, errors.Join(lost, killErr))
+			return withCode(exitLeaseLost, errors.Join(lost, killErr))
 		case err := <-waited:
-			if ferr := finish(); ferr != nil {
+			if ferr := finish(); errors.Is(ferr, lease.ErrLost) {
+				// The lease lapsed before CMD ended (gantry itself was
+				// stopped, say): CMD's result cannot be trusted as done
+				// under the lease, whatever its code.
+				return withCode(exitLeaseLost, fmt.Errorf("lease on %s lost before %s ended (%v): its work was not guarded by the lease", resource, argv[0], ferr))
+			} else if ferr != nil {
 				fmt.Fprintf(a.stderr, "gantry: release %s: %v\n", resource, ferr)
 			}
 			var ee *exec.ExitError

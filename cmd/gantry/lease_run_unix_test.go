@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 )
 
 // waitFile polls until path exists.
@@ -191,10 +193,67 @@ func TestLeaseRunLostKillsTree(t *testing.T) {
 	if err := bucket.Purge(ctx, "cam1"); err != nil {
 		t.Fatal(err)
 	}
-	if code := exitOf(t, c); code != exitFailure || !strings.Contains(out.String(), "lost") {
-		t.Errorf("lease run after losing its lease = exit %d (%s), want 1 saying lost", code, out)
+	if code := exitOf(t, c); code != exitLeaseLost || !strings.Contains(out.String(), "lost") {
+		t.Errorf("lease run after losing its lease = exit %d (%s), want %d saying lost", code, out, exitLeaseLost)
 	}
 	waitDead(t, grandchild, "the command's child survived the lost lease")
+}
+
+// TestLeaseRunLostWhileStopped: gantry itself is stopped (SIGSTOP) past
+// its TTL; another owner takes the resource. Whether the command ended in
+// the meantime or still runs when gantry resumes, lease run exits
+// exitLeaseLost, never 0, and a command still running is killed. The
+// command's GANTRY_LEASE_REVISION is below the new holder's: a fencing
+// token the systems it writes to can check.
+func TestLeaseRunLostWhileStopped(t *testing.T) {
+	t.Parallel()
+	for _, endsWhileStopped := range []bool{true, false} {
+		t.Run(fmt.Sprintf("command ends while stopped %v", endsWhileStopped), func(t *testing.T) {
+			t.Parallel()
+			env := brokertest.Start(t)
+			dir := t.TempDir()
+			rev, pid, stop := filepath.Join(dir, "rev"), filepath.Join(dir, "pid"), filepath.Join(dir, "stop")
+			c, out := startLeaseRun(t, env.URL, "cam1", "--owner", "runner", "--ttl", "1s", "--", "sh", "-c",
+				`echo $$ > "$2"; echo "$GANTRY_LEASE_REVISION" > "$1.tmp" && mv "$1.tmp" "$1"; while [ ! -f "$3" ]; do sleep 0.05; done`,
+				"sh", rev, pid, stop)
+			waitFile(t, rev)
+			token := readPID(t, rev)
+			if err := syscall.Kill(c.Process.Pid, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			resumed := false
+			resume := func() {
+				if !resumed {
+					resumed = true
+					_ = syscall.Kill(c.Process.Pid, syscall.SIGCONT)
+				}
+			}
+			t.Cleanup(resume)
+			var taken wire.Lease
+			poll.For(t, 10*time.Second, 100*time.Millisecond, func() error {
+				code, stdout, stderr := leaseCLI(t, env.URL, "lease", "acquire", "cam1", "--owner", "other", "--ttl", "30s", "--json")
+				if code != exitOK {
+					return fmt.Errorf("acquire by other = exit %d (%s)", code, stderr)
+				}
+				return json.Unmarshal([]byte(stdout), &taken)
+			})
+			if taken.Revision <= uint64(token) {
+				t.Errorf("GANTRY_LEASE_REVISION = %d, new holder's revision %d; want it lower", token, taken.Revision)
+			}
+			cmdPID := readPID(t, pid)
+			if endsWhileStopped {
+				if err := os.WriteFile(stop, nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				waitDead(t, cmdPID, "the command did not end")
+			}
+			resume()
+			if code := exitOf(t, c); code != exitLeaseLost || !strings.Contains(out.String(), "lost") {
+				t.Errorf("lease run that lost its lease while stopped = exit %d (%s), want %d saying lost", code, out, exitLeaseLost)
+			}
+			waitDead(t, cmdPID, "the command outlived the lost lease")
+		})
+	}
 }
 
 func TestLeaseRunKillsLeftovers(t *testing.T) {
@@ -244,15 +303,16 @@ func TestRunReclaimsAfterRestart(t *testing.T) {
 		t.Fatalf("resource under lease run = %d %q, want RUNNING", code, out)
 	}
 	// gantry stops while the command runs: lease run's renewals fail, so it
-	// kills its command and exits 1; the resource is left RUNNING.
+	// kills its command and exits exitLeaseLost; the resource is left
+	// RUNNING.
 	if err := g.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	if code := exitOf(t, g); code != 0 {
 		t.Fatalf("gantry run after SIGTERM = exit %d", code)
 	}
-	if code := exitOf(t, c); code != exitFailure {
-		t.Errorf("lease run after the broker went away = exit %d, want 1", code)
+	if code := exitOf(t, c); code != exitLeaseLost {
+		t.Errorf("lease run after the broker went away = exit %d, want %d", code, exitLeaseLost)
 	}
 	// gantry restarts: its keeper finds cam1 RUNNING without a lease.
 	_, ready = startGantry(t, args...)

@@ -146,6 +146,11 @@ func (p *process) addActor(name string, a actor) {
 	if r, ok := a.(interface{ Ready() <-chan struct{} }); ok {
 		p.ready = append(p.ready, r.Ready())
 	}
+	// /readyz reports a component that cannot work (its consumer is being
+	// recreated, its store has failed).
+	if h, ok := a.(interface{ Healthy() error }); ok && p.http != nil {
+		p.http.addCheck(name, func(context.Context) error { return h.Healthy() })
+	}
 }
 
 // stopGrace is how long a component may drain after Stop before its

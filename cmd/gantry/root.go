@@ -64,8 +64,14 @@ Start everything in one process with 'gantry run'.`,
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError("%v", err) })
-	// The nats CLI's context fills the connection flags not given.
-	root.PersistentPreRunE = func(*cobra.Command, []string) error { return a.client.applyContext() }
+	// Every duration flag in its range (exit 2 naming it otherwise); then
+	// the nats CLI's context fills the connection flags not given.
+	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		if err := checkDurations(cmd, args); err != nil {
+			return err
+		}
+		return a.client.applyContext()
+	}
 	pf := root.PersistentFlags()
 	a.client.register(pf)
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of tables")

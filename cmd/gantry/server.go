@@ -303,6 +303,10 @@ func (a *app) addServing(p *process, b *broker.Broker, sf *serverFlags, cfg *con
 	if err := p.addDashboard(httpConn, cfg); err != nil {
 		return err
 	}
+	// /readyz: the broker can store what it is sent (a full disk fails it).
+	if p.http != nil {
+		p.http.addCheck("broker", func(context.Context) error { return b.Healthy() })
+	}
 	if add == nil {
 		return nil
 	}

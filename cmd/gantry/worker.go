@@ -192,8 +192,8 @@ func parseTypePolicy(s string) (string, workers.Policy, error) {
 			continue
 		}
 		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return bad(fmt.Sprintf("%s wants a positive duration", k))
+		if err != nil || d <= 0 || d > year {
+			return bad(fmt.Sprintf("%s wants a positive duration, at most %v", k, year))
 		}
 		switch k {
 		case "backoff_base":
@@ -254,6 +254,7 @@ func (a *workerActor) Run(ctx context.Context) error {
 
 func (a *workerActor) Stop()                  { a.w.Stop() }
 func (a *workerActor) Ready() <-chan struct{} { return a.w.Ready() }
+func (a *workerActor) Healthy() error         { return a.w.Healthy() }
 
 // addWorkers adds the workers, going out through the egress routes of
 // gantry_routes, to the process.

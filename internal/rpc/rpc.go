@@ -148,7 +148,8 @@ func Decode(req micro.Request, v any) error {
 
 // Respond answers req: with v as JSON when err is nil, otherwise with err's
 // code and message in the error headers. A request without a reply subject
-// (a plain publish) gets no answer.
+// (a plain publish) gets no answer. A reply over the connection's message
+// limit is never dropped: the requester gets a 500 saying so.
 func Respond(req micro.Request, v any, err error) error {
 	if req.Reply() == "" {
 		return nil
@@ -160,7 +161,12 @@ func Respond(req micro.Request, v any, err error) error {
 	if err != nil {
 		return req.Error(CodeInternal, "encode reply: "+err.Error(), nil)
 	}
-	return req.Respond(data)
+	err = req.Respond(data)
+	// micro passes the connection's error on as text only.
+	if err != nil && strings.Contains(err.Error(), nats.ErrMaxPayload.Error()) {
+		return errors.Join(err, req.Error(CodeInternal, fmt.Sprintf("reply of %d bytes is over the broker's message limit", len(data)), nil))
+	}
+	return err
 }
 
 // description is err's message as one header line.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -168,5 +169,28 @@ func TestCode(t *testing.T) {
 		if got := Code(err); got != want {
 			t.Errorf("Code(%v) = %s, want %s", err, got, want)
 		}
+	}
+}
+
+// TestReplyTooLarge: a reply over the broker's message limit is not
+// dropped: the requester gets a 500 saying so at once, not a time-out.
+func TestReplyTooLarge(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	svc, err := AddService(env.NC, "gantry-test", "big", Endpoint{
+		Name: "big", Subject: "test.big",
+		Handler: func(req micro.Request) {
+			_ = Respond(req, echo{Text: strings.Repeat("x", int(env.NC.MaxPayload()))}, nil)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = svc.Stop() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var re *Error
+	if err := Request(ctx, env.NC, "test.big", echo{}, nil); !errors.As(err, &re) || re.Code != CodeInternal || !strings.Contains(re.Description, "message limit") {
+		t.Errorf("too large a reply = %v, want a 500 naming the message limit", err)
 	}
 }

@@ -1,0 +1,19 @@
+package disk
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestFree(t *testing.T) {
+	t.Parallel()
+	if n, err := Free(t.TempDir()); err != nil || n == 0 {
+		t.Errorf("Free(temp dir) = %d, %v; want some room", n, err)
+	}
+	if _, err := Free("/no/such/dir/at/all"); err == nil {
+		t.Error("Free(missing dir) = nil error")
+	}
+}
