@@ -66,7 +66,9 @@ tidy-check: ## fail if go.mod or go.sum are not tidy
 		echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit"; status=1; fi; \
 	mv go.mod.tidy-check go.mod; mv go.sum.tidy-check go.sum; exit $$status
 
-cross: ## build for linux/amd64, darwin/arm64 and windows/amd64
+cross: ## build for linux/amd64, darwin/arm64 and windows/amd64, and vet the tests of the other two
 	GOOS=linux   GOARCH=amd64 $(GO) build -ldflags "$(LDFLAGS)" -o bin/gantry-linux-amd64 ./cmd/gantry
 	GOOS=darwin  GOARCH=arm64 $(GO) build -ldflags "$(LDFLAGS)" -o bin/gantry-darwin-arm64 ./cmd/gantry
 	GOOS=windows GOARCH=amd64 $(GO) build -ldflags "$(LDFLAGS)" -o bin/gantry-windows-amd64.exe ./cmd/gantry
+	GOOS=darwin  GOARCH=arm64 $(GO) vet ./...
+	GOOS=windows GOARCH=amd64 $(GO) vet ./...

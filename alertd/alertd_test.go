@@ -35,10 +35,11 @@ import (
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/config"
+	"github.com/gantry-dev/gantry/internal/leaktest"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaktest.Options()...) }
 
 // mail is one message the test SMTP server accepted.
 type mail struct {

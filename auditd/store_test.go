@@ -19,18 +19,11 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/leaktest"
 )
 
-// TestMain checks for leaked goroutines, except one that nats.go (v1.55)
-// itself can strand: an object store Put publishes asynchronously through
-// its own JetStream context, whose first async publish starts
-// resetPendingAcksOnReconnect; when Put's deferred cleanupReplySub clears
-// the status channel before that goroutine reads it, the goroutine blocks
-// on a nil channel for good. The audit backup's Put (TestServiceBackup)
-// hits this race now and then.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"))
+	goleak.VerifyTestMain(m, leaktest.Options()...)
 }
 
 // t0 is late in a UTC day, so test events spread over several days.

@@ -11,10 +11,11 @@ import (
 	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/check"
+	"github.com/gantry-dev/gantry/internal/leaktest"
 	"github.com/gantry-dev/gantry/workers"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaktest.Options()...) }
 
 // bundle is one test's broker and a client connected to it.
 type bundle struct {

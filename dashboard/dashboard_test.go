@@ -20,9 +20,10 @@ import (
 	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/dashboard"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/leaktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaktest.Options()...) }
 
 // bundle is one test's broker, client, dashboard and HTTP server.
 type bundle struct {

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/leaktest"
 	"github.com/gantry-dev/gantry/internal/pgtest"
 )
 
@@ -19,10 +20,10 @@ import (
 var pg pgtest.Shared
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+	goleak.VerifyTestMain(m, leaktest.Options(goleak.Cleanup(func(code int) {
 		pg.Stop()
 		os.Exit(code)
-	}))
+	}))...)
 }
 
 // open returns Databases holding dbs, closed when t ends.

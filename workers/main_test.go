@@ -16,6 +16,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/leaktest"
 	"github.com/gantry-dev/gantry/internal/pgtest"
 	"github.com/gantry-dev/gantry/internal/proctree"
 	"github.com/gantry-dev/gantry/internal/rpc"
@@ -29,10 +30,10 @@ var pg pgtest.Shared
 func TestMain(m *testing.M) {
 	// The test binary is the shim of the exec tasks' Subreaper trees.
 	proctree.ShimMain()
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+	goleak.VerifyTestMain(m, leaktest.Options(goleak.Cleanup(func(code int) {
 		pg.Stop()
 		os.Exit(code)
-	}))
+	}))...)
 }
 
 // bundle is a broker, a client, and a way to watch tasks and events.

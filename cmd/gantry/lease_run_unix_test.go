@@ -56,22 +56,6 @@ func startLeaseRun(t *testing.T, url string, args ...string) (*exec.Cmd, *bytes.
 	return c, &out
 }
 
-// exitOf waits for c and returns its exit code.
-func exitOf(t *testing.T, c *exec.Cmd) int {
-	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		_ = c.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("lease run did not exit within 30s")
-	}
-	return c.ProcessState.ExitCode()
-}
-
 // alive reports whether pid is a live (not zombie) process.
 func alive(pid int) bool {
 	if syscall.Kill(pid, 0) != nil {

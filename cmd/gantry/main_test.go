@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/gantry-dev/gantry/internal/leaktest"
 	"github.com/gantry-dev/gantry/internal/pgtest"
 	"github.com/gantry-dev/gantry/internal/proctree"
 )
@@ -31,10 +33,10 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+	goleak.VerifyTestMain(m, leaktest.Options(goleak.Cleanup(func(code int) {
 		pg.Stop()
 		os.Exit(code)
-	}))
+	}))...)
 }
 
 // gantryCmd returns the test binary re-executed as gantry with args.
@@ -108,4 +110,32 @@ func startGantryIn(t testing.TB, dir string, args ...string) (*exec.Cmd, logLine
 		t.Fatal("no ready line within 20s")
 	}
 	return nil, logLine{}
+}
+
+// exitOf waits for c and returns its exit code.
+func exitOf(t *testing.T, c *exec.Cmd) int {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		_ = c.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("lease run did not exit within 30s")
+	}
+	return c.ProcessState.ExitCode()
+}
+
+// freePort returns a loopback address nothing listens on (for a moment).
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
 }

@@ -5,7 +5,6 @@ package main
 import (
 	"bufio"
 	"encoding/json"
-	"net"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -81,18 +80,6 @@ func (w *logWatch) wait(t *testing.T, within time.Duration, msg string, attrs ..
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// freePort returns a loopback address nothing listens on (for a moment).
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }
 
 // TestSplitComponents runs the system as on several machines: a worker

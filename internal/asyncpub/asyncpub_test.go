@@ -14,9 +14,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/leaktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaktest.Options()...) }
 
 // logs records the messages of the records logged through it.
 type logs struct {

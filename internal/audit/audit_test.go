@@ -13,9 +13,10 @@ import (
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/clock"
+	"github.com/gantry-dev/gantry/internal/leaktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaktest.Options()...) }
 
 func TestEmit(t *testing.T) {
 	t.Parallel()

@@ -10,9 +10,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gantry-dev/gantry/internal/check"
+	"github.com/gantry-dev/gantry/internal/leaktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaktest.Options()...) }
 
 func TestUntilReturnsOnceTrue(t *testing.T) {
 	t.Parallel()

@@ -4,9 +4,11 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/gantry-dev/gantry/internal/leaktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaktest.Options()...) }
 
 func TestFree(t *testing.T) {
 	t.Parallel()

@@ -16,9 +16,10 @@ import (
 
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	"github.com/gantry-dev/gantry/internal/check"
+	"github.com/gantry-dev/gantry/internal/leaktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaktest.Options()...) }
 
 // TestRecreatesWhatIsGone: a deleted consumer, then a deleted stream, are
 // recreated as provisioned, logged at WARN; messages published after are

@@ -10,11 +10,12 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/gantry-dev/gantry/internal/leaktest"
 	"github.com/gantry-dev/gantry/internal/lifecycle"
 	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaktest.Options()...) }
 
 // toy is an actor on Base: its body starts helpers goroutines with Go,
 // each running until the body's context ends, then fails with fail, or

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/gantry-dev/gantry/internal/leaktest"
 )
 
 // helperEnv names the role a re-executed test binary plays instead of
@@ -19,7 +21,7 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(helperEnv); role != "" {
 		os.Exit(helper(role))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, leaktest.Options()...)
 }
 
 // helper plays a role in a test that needs a process of its own. "parent"

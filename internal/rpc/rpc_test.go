@@ -12,10 +12,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/leaktest"
 	"github.com/gantry-dev/gantry/kv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaktest.Options()...) }
 
 type echo struct {
 	Fail string `json:"fail,omitempty"`

@@ -10,11 +10,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/leaktest"
 	"github.com/gantry-dev/gantry/workers"
 	"github.com/gantry-dev/gantry/workers/workerstest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, leaktest.Options()...) }
 
 func TestClasses(t *testing.T) {
 	t.Parallel()
