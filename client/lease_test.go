@@ -116,10 +116,10 @@ func TestLeaseWaitInLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Running out is a conflict naming the holder.
-	_, err := c.AcquireLease(ctx, "cam1", "bob", time.Minute, client.WaitInLine(300*time.Millisecond))
+	_, err := c.AcquireLease(ctx, "cam1", "bob", time.Minute, client.WaitInLine(time.Second))
 	var we *client.WaitError
 	if !errors.Is(err, client.ErrConflict) || !errors.As(err, &we) || we.Last.Holder != "alice" {
-		t.Fatalf("AcquireLease waiting 300ms = %v, want a *WaitError matching ErrConflict, held by alice", err)
+		t.Fatalf("AcquireLease waiting 1s = %v, want a *WaitError matching ErrConflict, held by alice", err)
 	}
 	statuses := make(chan client.WaitStatus, 100)
 	type result struct {

@@ -21,11 +21,12 @@ func TestTwoSchedulersFireOncePerPlannedTime(t *testing.T) {
 		b.advance(time.Minute)
 		b.waitTasks(2 * i)
 	}
-	if l, _ := other.Leading(); l {
-		t.Errorf("both schedulers lead, want only a")
-	}
-	if l, term := a.Leading(); !l || term == 0 {
-		t.Errorf("a leading %v term %d, want leading with a term", l, term)
+	// One of them leads; on a machine loaded past the leader TTL the lead
+	// may have passed to b, which must not have fired anything twice.
+	la, termA := a.Leading()
+	lb, termB := other.Leading()
+	if la == lb || max(termA, termB) == 0 {
+		t.Errorf("a leading %v term %d, b leading %v term %d; want exactly one leader, with a term", la, termA, lb, termB)
 	}
 	seen := map[string]bool{}
 	for _, m := range b.taskMsgs() {

@@ -123,7 +123,9 @@ func TestPublishAndFlush(t *testing.T) {
 // publishes it again under its id, into the stream created meanwhile.
 func TestRepublishUnderID(t *testing.T) {
 	t.Parallel()
-	env, p, l := setup(t, Config{})
+	// Patience keeps the republish trying until the stream exists, however
+	// long creating it takes on a loaded machine.
+	env, p, l := setup(t, Config{Patience: 30 * time.Second})
 	stopSilent := unanswered(t, env.NC, "late.x")
 	p.Publish(&nats.Msg{Subject: "late.x", Data: []byte(`{"id":"ev-1"}`)}, "ev-1")
 	stopSilent()
@@ -146,7 +148,9 @@ func TestRepublishUnderID(t *testing.T) {
 // fails again is logged as lost.
 func TestNoIDNotRepublished(t *testing.T) {
 	t.Parallel()
-	env, p, l := setup(t, Config{})
+	// Patience keeps the republish trying until the stream exists, however
+	// long creating it takes on a loaded machine.
+	env, p, l := setup(t, Config{Patience: 30 * time.Second})
 	stopSilent := unanswered(t, env.NC, "late.x")
 	p.Publish(&nats.Msg{Subject: "late.x", Data: []byte("{}")}, "")
 	stopSilent()
