@@ -368,6 +368,12 @@ func TestServiceWriteErrorLosesNothing(t *testing.T) {
 		st := s.Stats()
 		return st.WriteErrors >= 3, fmt.Sprintf("%+v", st)
 	})
+	// auditd says it is not ready (its /readyz), naming the store.
+	eventually(t, "unready", func() (bool, string) {
+		err := s.Healthy()
+		return errors.Is(err, ErrUnavailable), fmt.Sprint(err)
+	})
+	failedAt := time.Now()
 	ci := consumerInfo(t, env.JS)
 	if ci.NumAckPending == 0 {
 		t.Errorf("ack pending = 0 while the disk fails, want the unwritten events unacknowledged")
@@ -378,7 +384,13 @@ func TestServiceWriteErrorLosesNothing(t *testing.T) {
 	publish(t, env.JS, evs[200:])
 
 	toggle.Off()
+	recovering := time.Now()
 	waitStored(t, env.NC, 300)
+	if err := s.Healthy(); err != nil {
+		t.Errorf("Healthy once the writes succeed again = %v, want nil", err)
+	}
+	t.Logf("write errors for %v, %d counted; all 300 events stored %v after the writes succeeded again",
+		recovering.Sub(failedAt).Round(time.Millisecond), s.Stats().WriteErrors, time.Since(recovering).Round(time.Millisecond))
 	if got := ids(serviceQueryAll(t, env.NC, wire.AuditQuery{Limit: 1000})); !slices.Equal(got, ids(evs)) {
 		t.Errorf("after the disk recovered got %d events, want all %d in order", len(got), len(evs))
 	}

@@ -306,6 +306,15 @@ func (r *runner) fireDue(ctx context.Context) {
 	counts := r.taskCounts(ctx)
 	var pubs []*pub
 	for _, en := range batch {
+		if len(en.queue) == 0 && en.next.Before(now.Add(-r.s.cfg.MisfireThreshold)) {
+			// The timer fired past the misfire threshold (the wall clock
+			// jumped forward, the machine slept): the planned times since
+			// are missed ones, for the job's misfire policy to decide.
+			r.plan(en, now)
+			if len(en.queue) == 0 {
+				continue
+			}
+		}
 		var pf plannedFire
 		if len(en.queue) > 0 {
 			pf, en.queue = en.queue[0], en.queue[1:]

@@ -498,8 +498,13 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 		// recreated as provisioned; Healthy reports the gap.
 		cc, err := durable.Start(ctx, w.js, durable.Config{
 			Stream: stream.CachedInfo().Config, Consumer: w.consumerConfig(sp),
-			Handler:       func(m jetstream.Msg) { w.dispatch(ctx, sp, m) },
-			Options:       []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(min(sp.concurrency, 256))},
+			Handler: func(m jetstream.Msg) { w.dispatch(ctx, sp, m) },
+			// Pulls that expire every 5 s (heartbeats every 2.5 s): pulls
+			// the broker forgot (its JetStream restarted after a full
+			// disk, without dropping the connection) are noticed within
+			// seconds, not the default 30.
+			Options: []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(min(sp.concurrency, 256)),
+				jetstream.PullExpiry(5 * time.Second)},
 			CheckInterval: w.cfg.ConsumerCheck, Logger: w.log,
 		})
 		if err != nil {

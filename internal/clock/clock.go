@@ -107,6 +107,19 @@ func (f *Fake) Set(t time.Time) {
 	}
 }
 
+// Jump steps the wall clock by d, forward or back, as a user setting the
+// clock or an NTP step does: Now moves by d at once, while every timer keeps
+// the time it had left (Go's timers run on the monotonic clock) and none
+// fires.
+func (f *Fake) Jump(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = f.now.Add(d)
+	for _, t := range f.timers {
+		t.when = t.when.Add(d)
+	}
+}
+
 // Timers returns how many timers are waiting: a test can wait for the code
 // under test to arm its timer before advancing.
 func (f *Fake) Timers() int {

@@ -48,6 +48,36 @@ func TestFakeFiresInOrder(t *testing.T) {
 	}
 }
 
+// TestFakeJump: a jump of the wall clock, either way, moves Now and leaves
+// each timer the time it had left.
+func TestFakeJump(t *testing.T) {
+	t.Parallel()
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, d := range []time.Duration{time.Hour, -time.Hour} {
+		f := NewFake(start)
+		tm := f.NewTimer(10 * time.Second)
+		f.Jump(d)
+		if got, want := f.Now(), start.Add(d); !got.Equal(want) {
+			t.Errorf("Jump(%v): Now = %v, want %v", d, got, want)
+		}
+		f.Advance(9 * time.Second)
+		select {
+		case <-tm.C():
+			t.Fatalf("Jump(%v): the timer fired 9s after it was armed, want 10s", d)
+		default:
+		}
+		f.Advance(time.Second)
+		select {
+		case got := <-tm.C():
+			if want := start.Add(d + 10*time.Second); !got.Equal(want) {
+				t.Errorf("Jump(%v): fired at %v, want %v", d, got, want)
+			}
+		default:
+			t.Fatalf("Jump(%v): the timer did not fire 10s after it was armed", d)
+		}
+	}
+}
+
 func TestRound(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ in, want time.Duration }{
