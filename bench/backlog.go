@@ -109,7 +109,7 @@ func (r *Run) rawDrain(ctx context.Context, n int) (Rate, error) {
 	body := []byte(fmt.Sprintf(`{"id":%q}`, r.taskID(n)))
 	futures := make([]jetstream.PubAckFuture, 0, n)
 	for i := range n {
-		f, err := r.js.PublishAsync(s.subject, body)
+		f, err := r.publishAsync(s.subject, body)
 		if err != nil {
 			return Rate{}, fmt.Errorf("publish raw: %w", err)
 		}

@@ -151,7 +151,7 @@ func (r *Run) publishTask(i int) (jetstream.PubAckFuture, error) {
 	if err != nil {
 		return nil, err
 	}
-	return r.js.PublishAsync(wire.TaskSubject(r.cfg.Queue, "noop"), body)
+	return r.publishAsync(wire.TaskSubject(r.cfg.Queue, "noop"), body)
 }
 
 // awaitAcks waits until every asynchronous publish is acknowledged and
@@ -321,4 +321,11 @@ func (r *Run) rawConsumer(ctx context.Context, s *scratch, got func(jetstream.Ms
 		return nil, fmt.Errorf("consume scratch stream: %w", err)
 	}
 	return cc, nil
+}
+
+// publishAsync publishes with a JetStream acknowledgement awaited later;
+// when 4096 are outstanding it waits (up to a minute, a loaded broker)
+// for room instead of failing at once.
+func (r *Run) publishAsync(subject string, body []byte) (jetstream.PubAckFuture, error) {
+	return r.js.PublishAsync(subject, body, jetstream.WithStallWait(time.Minute))
 }

@@ -132,7 +132,7 @@ func (r *Run) rawLatency(ctx context.Context, perSec, n int) (Quantiles, error) 
 		mu.Lock()
 		sent[i] = time.Now()
 		mu.Unlock()
-		return r.js.PublishAsync(s.subject, body)
+		return r.publishAsync(s.subject, body)
 	}); err != nil {
 		return Quantiles{}, err
 	}

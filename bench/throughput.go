@@ -103,7 +103,7 @@ func (r *Run) rawThroughput(ctx context.Context, n int) (Rate, error) {
 	start := time.Now()
 	futures := make([]jetstream.PubAckFuture, 0, n)
 	for i := range n {
-		f, err := r.js.PublishAsync(s.subject, body)
+		f, err := r.publishAsync(s.subject, body)
 		if err != nil {
 			return Rate{}, fmt.Errorf("publish raw: %w", err)
 		}
