@@ -329,3 +329,19 @@ func (r *Run) rawConsumer(ctx context.Context, s *scratch, got func(jetstream.Ms
 func (r *Run) publishAsync(subject string, body []byte) (jetstream.PubAckFuture, error) {
 	return r.js.PublishAsync(subject, body, jetstream.WithStallWait(time.Minute))
 }
+
+// poll checks cond every 10 ms until it holds (true) or d runs out (false).
+func (r *Run) poll(ctx context.Context, d time.Duration, cond func() bool) bool {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return cond()
+		case <-tick.C:
+		}
+	}
+	return true
+}

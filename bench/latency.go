@@ -55,6 +55,14 @@ func (r *Run) Latency(ctx context.Context, perSec int, d time.Duration) (*Latenc
 	if err := t.wait(ctx, "tasks finished"); err != nil {
 		return nil, err
 	}
+	// Events are published asynchronously: a TASK_STARTED may arrive after
+	// its TASK_FINISHED. Give the last ones a moment; SubmitToStart.Count
+	// says how many were seen.
+	r.poll(ctx, 5*time.Second, func() bool {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return t.nStarted == n
+	})
 	t.mu.Lock()
 	var starts, ends []time.Duration
 	for i := range n {

@@ -86,15 +86,8 @@ func (r *Run) Lease(ctx context.Context, d time.Duration) (*Lease, error) {
 	res := &Lease{Cycles: rate(cycles, time.Since(start)), RawPuts: raw}
 	res.Ratio = ratio(res.Cycles.PerSec, raw.PerSec)
 	// The events are stored; their copies on the subscription follow.
-	all := make(chan struct{})
-	go func() {
-		defer close(all)
-		for events.Load() < int64(2*cycles) && ctx.Err() == nil {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
-	if err := r.waitFor(ctx, all, "lease events", func() int { return int(events.Load()) }, 2*cycles); err != nil {
-		return nil, err
+	if !r.poll(ctx, r.cfg.Timeout, func() bool { return events.Load() >= int64(2*cycles) }) {
+		return nil, fmt.Errorf("lease events: %d of %d seen", events.Load(), 2*cycles)
 	}
 	res.Events = int(events.Load())
 	return res, nil
