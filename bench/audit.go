@@ -12,8 +12,9 @@ import (
 
 // Audit is the audit scenario's result: noop tasks at a fixed rate, and
 // whether auditd keeps up. Produced is what entered GANTRY_AUDIT (from any
-// component) from the first publish until every task finished; Stored is
-// what auditd stored in the same window (its own count). Backlog is
+// component) from the first publish until every task's TASK_FINISHED was
+// seen (events published asynchronously after that fall outside the
+// window); Stored is what auditd stored in the same window (its own count). Backlog is
 // auditd's pending events (its consumer's pending + unacknowledged),
 // sampled every second; Drain is from the end of the load until it is 0.
 type Audit struct {

@@ -105,9 +105,10 @@ func TestBench(t *testing.T) {
 		rep := benchJSON(t, "audit", "--rate", "200", "--duration", "1s")
 		started(t, rep, "audit")
 		r := rep.Audit
-		// Each task is at least TASK_CREATED, TASK_STARTED and TASK_FINISHED.
-		if r == nil || r.Tasks != 200 || r.Produced.Count < 3*200 || r.Stored.Count < 1 || r.BacklogAfter != 0 {
-			t.Fatalf("audit = %+v, want 200 tasks, ≥ 600 events produced, some stored, no backlog after", r)
+		// Every TASK_FINISHED was seen, so it is in the window; events
+		// published after the last of them (asynchronously) may not be.
+		if r == nil || r.Tasks != 200 || r.Produced.Count < 200 || r.Stored.Count < 1 || r.BacklogAfter != 0 {
+			t.Fatalf("audit = %+v, want 200 tasks, ≥ 200 events produced, some stored, no backlog after", r)
 		}
 		checkRatio(t, "ratio", r.Ratio)
 	})
