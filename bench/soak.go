@@ -27,6 +27,11 @@ type Soak struct {
 	WarmGrowth Sample `json:"warm_growth"`
 	// MaxRSSBytes is the highest RSS sampled.
 	MaxRSSBytes int64 `json:"max_rss_bytes"`
+	// Missed counts samples that could not be taken (a /metrics or stream
+	// info request that timed out on a loaded machine), and LastMiss says
+	// why the last one failed.
+	Missed   int    `json:"missed_samples"`
+	LastMiss string `json:"last_miss,omitempty"`
 }
 
 // Soak runs the soak scenario: perSec tasks a second for d, sampling every
@@ -43,16 +48,14 @@ func (r *Run) Soak(ctx context.Context, perSec int, d, period time.Duration) (*S
 	defer t.close()
 	res := &Soak{Rate: perSec, Tasks: n}
 	begin := time.Now()
-	var (
-		mu   sync.Mutex
-		serr error
-	)
+	var mu sync.Mutex
 	take := func() {
 		s, err := r.sample(ctx, begin)
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil {
-			serr = err
+			res.Missed++
+			res.LastMiss = err.Error()
 			return
 		}
 		res.Samples = append(res.Samples, s)
@@ -74,8 +77,8 @@ func (r *Run) Soak(ctx context.Context, perSec int, d, period time.Duration) (*S
 		return nil, err
 	}
 	take()
-	if serr != nil {
-		return nil, serr
+	if len(res.Samples) < 2 {
+		return nil, fmt.Errorf("soak: %d samples taken, %d missed (last: %s)", len(res.Samples), res.Missed, res.LastMiss)
 	}
 	res.Seconds = round(time.Since(begin).Seconds(), 1)
 	res.Finished = t.done()

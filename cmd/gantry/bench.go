@@ -304,7 +304,7 @@ func printBench(w io.Writer, rep *benchReport) {
 		} {
 			fmt.Fprintf(w, "  %-20s %14d %14d %14d %+14d %+14d\n", row.name, row.a, row.b, row.c, row.c-row.a, row.c-row.b)
 		}
-		fmt.Fprintf(w, "  max RSS %s\n", byteSize(s.MaxRSSBytes))
+		fmt.Fprintf(w, "  max RSS %s; %d samples missed\n", byteSize(s.MaxRSSBytes), s.Missed)
 	}
 }
 
