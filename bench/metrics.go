@@ -78,7 +78,7 @@ func (r *Run) sample(ctx context.Context, start time.Time) (Sample, error) {
 
 // scrape reads the unlabelled samples of a Prometheus text page.
 func scrape(ctx context.Context, url string) (map[string]float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
