@@ -120,7 +120,8 @@ func TestBench(t *testing.T) {
 		if r == nil || r.Tasks != 500 || r.Drain.Count != 500 || r.RawDrain.Count != 500 || r.Idle.TaskMsgs < 500 {
 			t.Fatalf("backlog = %+v, want 500 tasks queued in the stream, drained, and raw", r)
 		}
-		if linux && (r.Idle.RSSBytes <= 0 || r.PeakRSSBytes < r.Idle.RSSBytes) {
+		// A sample a loaded machine could not take is counted, not fatal.
+		if linux && r.Missed == 0 && (r.Idle.RSSBytes <= 0 || r.PeakRSSBytes < r.Idle.RSSBytes) {
 			t.Errorf("rss idle, peak = %d, %d, want positive, peak ≥ idle", r.Idle.RSSBytes, r.PeakRSSBytes)
 		}
 		checkRatio(t, "ratio", r.Ratio)
@@ -156,7 +157,7 @@ func TestBenchServer(t *testing.T) {
 	if rep.Started || rep.Backlog == nil || rep.Backlog.Drain.Count != 200 {
 		t.Fatalf("backlog report = %+v, want 200 tasks drained on the existing system", rep)
 	}
-	if runtime.GOOS == "linux" && rep.Backlog.Idle.RSSBytes <= 0 {
+	if runtime.GOOS == "linux" && rep.Backlog.Missed == 0 && rep.Backlog.Idle.RSSBytes <= 0 {
 		t.Errorf("rss = %d, want the process's from --metrics", rep.Backlog.Idle.RSSBytes)
 	}
 	_, js := brokertest.Connect(t, ready.NATS)
