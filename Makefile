@@ -37,8 +37,14 @@ tools: bin/nats ## install the nats CLI into bin/ (the docs test runs the docs' 
 bin/nats:
 	GOBIN=$(CURDIR)/bin $(GO) install github.com/nats-io/natscli/nats@v0.5.0
 
-bench: ## run the benchmarks (numbers go in docs/BENCHMARKS.md)
+# The short form of each 'gantry bench' scenario, against a 'gantry run' it
+# starts; docs/BENCHMARKS.md gives the full-size commands.
+BENCH_SHORT := "throughput --tasks 10000" "latency --rate 1000 --duration 3s" "lease --duration 3s" \
+	"audit --rate 1000 --duration 3s" "backlog --tasks 20000" "soak --rate 200 --duration 20s"
+
+bench: build ## run the go benchmarks, then the short form of each 'gantry bench' scenario (numbers go in docs/BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
+	@for s in $(BENCH_SHORT); do echo "== gantry bench $$s"; ./$(BIN) bench $$s || exit 1; done
 
 lint: fmt-check vet ## gofmt check and go vet
 

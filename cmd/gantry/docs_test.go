@@ -47,6 +47,7 @@ var docsNotRun = map[string]string{
 	"gantry submit sql --db office":       "needs a PostgreSQL or SQL Server database 'office', which this test does not run (cmd/gantry/sql_test.go runs SQLite)",
 	"cd examples/handlers/node":           "installs the Node example's modules; TestNodeHandlerExample runs the example",
 	"NATS_URL=nats://127.0.0.1:4222 node": "the Node handler example, run by TestNodeHandlerExample",
+	"gantry bench":                        "measures for up to minutes with a gantry run of its own; TestBench runs each scenario's short form through the real binary",
 }
 
 // docsPaths are the absolute directories the examples write to; the test

@@ -11,25 +11,85 @@ import (
 	"github.com/gantry-dev/gantry/internal/clock"
 )
 
-// progress shows a waited-for task on a terminal as one line rewritten in
-// place: a spinner, the task's state, its attempt and the time waited. It
-// prints nothing when its writer is not a terminal (a pipe, a file).
-type progress struct {
-	w     io.Writer
-	id    string
-	start time.Time
+// liveLine is one line on a terminal rewritten in place every tick: a
+// spinner and the text its function returns. It prints nothing when its
+// writer is not a terminal (a pipe, a file); a nil liveLine does nothing.
+type liveLine struct {
+	w    io.Writer
+	text func() string
 
 	mu    sync.Mutex
-	state client.TaskState
-	rec   client.TaskRecord
 	frame int
 	width int
 	stop  chan struct{}
 	done  chan struct{}
 }
 
-// spinner is the progress line's spinner, one frame a tick.
+// spinner is the live line's spinner, one frame a tick.
 var spinner = []string{"⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏"}
+
+// startLine starts a line on w showing text, redrawn every tick, or
+// returns nil when tty is false.
+func startLine(w io.Writer, tty bool, tick time.Duration, text func() string) *liveLine {
+	if !tty {
+		return nil
+	}
+	l := &liveLine{w: w, text: text, stop: make(chan struct{}), done: make(chan struct{})}
+	l.draw()
+	go func() {
+		defer close(l.done)
+		t := time.NewTicker(tick)
+		defer t.Stop()
+		for {
+			select {
+			case <-l.stop:
+				return
+			case <-t.C:
+				l.draw()
+			}
+		}
+	}()
+	return l
+}
+
+// draw rewrites the line.
+func (l *liveLine) draw() {
+	if l == nil {
+		return
+	}
+	text := l.text()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	line := spinner[l.frame%len(spinner)] + " " + text
+	l.frame++
+	pad := max(l.width-len(line), 0)
+	l.width = len(line)
+	fmt.Fprintf(l.w, "\r%s%s", line, strings.Repeat(" ", pad))
+}
+
+// end stops the line and clears it.
+func (l *liveLine) end() {
+	if l == nil {
+		return
+	}
+	close(l.stop)
+	<-l.done
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(l.w, "\r%s\r", strings.Repeat(" ", l.width))
+}
+
+// progress shows a waited-for task on a live line: its state, its attempt
+// and the time waited.
+type progress struct {
+	id    string
+	start time.Time
+	line  *liveLine
+
+	mu    sync.Mutex
+	state client.TaskState
+	rec   client.TaskRecord
+}
 
 // startProgress starts the line for task id on w, redrawn every tick, or
 // returns nil (which does nothing) when tty is false.
@@ -37,22 +97,8 @@ func startProgress(w io.Writer, tty bool, id string, tick time.Duration) *progre
 	if !tty {
 		return nil
 	}
-	p := &progress{w: w, id: id, start: time.Now(), state: client.TaskWaiting,
-		stop: make(chan struct{}), done: make(chan struct{})}
-	p.draw()
-	go func() {
-		defer close(p.done)
-		t := time.NewTicker(tick)
-		defer t.Stop()
-		for {
-			select {
-			case <-p.stop:
-				return
-			case <-t.C:
-				p.draw()
-			}
-		}
-	}()
+	p := &progress{id: id, start: time.Now(), state: client.TaskWaiting}
+	p.line = startLine(w, tty, tick, p.text)
 	return p
 }
 
@@ -67,26 +113,22 @@ func (p *progress) update(rec client.TaskRecord) {
 	p.rec, p.state = rec, rec.State
 	p.mu.Unlock()
 	if changed {
-		p.draw()
+		p.line.draw()
 	}
 }
 
-// draw rewrites the line.
-func (p *progress) draw() {
+// text is the line's text.
+func (p *progress) text() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	line := fmt.Sprintf("%s task %s %s", spinner[p.frame%len(spinner)], p.id, p.state)
+	line := fmt.Sprintf("task %s %s", p.id, p.state)
 	if p.rec.Attempts > 0 {
 		line += fmt.Sprintf(", attempt %d", p.rec.Attempts)
 	}
 	if p.rec.State == client.TaskRetryWait && p.rec.RetryAt != nil {
 		line += fmt.Sprintf(", retry in %v", clock.Round(max(time.Until(*p.rec.RetryAt), 0)))
 	}
-	line += fmt.Sprintf(" (%v)", clock.Round(time.Since(p.start)).Truncate(time.Second))
-	p.frame++
-	pad := max(p.width-len(line), 0)
-	p.width = len(line)
-	fmt.Fprintf(p.w, "\r%s%s", line, strings.Repeat(" ", pad))
+	return line + fmt.Sprintf(" (%v)", clock.Round(time.Since(p.start)).Truncate(time.Second))
 }
 
 // end stops the line and clears it.
@@ -94,9 +136,5 @@ func (p *progress) end() {
 	if p == nil {
 		return
 	}
-	close(p.stop)
-	<-p.done
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	fmt.Fprintf(p.w, "\r%s\r", strings.Repeat(" ", p.width))
+	p.line.end()
 }

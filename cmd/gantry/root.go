@@ -103,6 +103,7 @@ Start everything in one process with 'gantry run'.`,
 		a.serviceCommand(),
 		a.roleCommand(),
 		a.uiCommand(),
+		a.benchCommand(),
 	)
 	// 'gantry completion bash|zsh|fish|powershell', cobra's own, added now
 	// so that the walk below covers it.

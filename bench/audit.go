@@ -1,0 +1,142 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+// Audit is the audit scenario's result: noop tasks at a fixed rate, and
+// whether auditd keeps up. Produced is what entered GANTRY_AUDIT (from any
+// component) from the first publish until every task's TASK_FINISHED was
+// seen (events published asynchronously after that fall outside the
+// window); Stored is what auditd stored in the same window (its own count). Backlog is
+// auditd's pending events (its consumer's pending + unacknowledged),
+// sampled every second; Drain is from the end of the load until it is 0.
+type Audit struct {
+	Rate     int     `json:"rate"`
+	Tasks    int     `json:"tasks"`
+	Produced Rate    `json:"produced"`
+	Stored   Rate    `json:"stored"`
+	Backlog  []int64 `json:"backlog_samples"`
+	// BacklogAtEnd is the backlog when the last task finished.
+	BacklogAtEnd int64 `json:"backlog_at_end"`
+	// BacklogAfter is the backlog once drained (0) or when the wait ran out.
+	BacklogAfter int64   `json:"backlog_after"`
+	DrainSeconds float64 `json:"drain_seconds"`
+	// Ratio is Stored.PerSec / Produced.PerSec.
+	Ratio float64 `json:"ratio"`
+}
+
+// Audit runs the audit scenario: perSec tasks a second for d.
+func (r *Run) Audit(ctx context.Context, perSec int, d time.Duration) (*Audit, error) {
+	n := int(float64(perSec) * d.Seconds())
+	if perSec < 1 || n < 1 {
+		return nil, fmt.Errorf("audit: want a rate ≥ 1/s and at least one task, got %d/s for %v", perSec, d)
+	}
+	seq0, stored0, err := r.auditCounts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t, err := r.track(n, false)
+	if err != nil {
+		return nil, err
+	}
+	defer t.close()
+	res := &Audit{Rate: perSec, Tasks: n}
+	start := time.Now()
+	sampler, stop := r.every(ctx, time.Second, func() {
+		if lag, err := r.cfg.Client.AuditLag(ctx); err == nil {
+			res.Backlog = append(res.Backlog, int64(lag.Pending))
+		}
+	})
+	if _, err := r.paced(ctx, perSec, n, "publish tasks", func(i int) (jetstream.PubAckFuture, error) { return r.publishTask(i) }); err != nil {
+		stop()
+		return nil, err
+	}
+	err = t.wait(ctx, "tasks finished")
+	stop()
+	<-sampler
+	if err != nil {
+		return nil, err
+	}
+	window := time.Since(start)
+	seq1, stored1, err := r.auditCounts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res.Produced, res.Stored = rate(int(seq1-seq0), window), rate(int(stored1-stored0), window)
+	res.Ratio = ratio(res.Stored.PerSec, res.Produced.PerSec)
+	lag, err := r.cfg.Client.AuditLag(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res.BacklogAtEnd = int64(lag.Pending)
+	end := time.Now()
+	res.BacklogAfter, err = r.drainAudit(ctx)
+	res.DrainSeconds = round(time.Since(end).Seconds(), 3)
+	return res, err
+}
+
+// auditCounts reads the audit stream's last sequence and auditd's stored
+// count.
+func (r *Run) auditCounts(ctx context.Context) (seq, stored uint64, err error) {
+	s, err := r.js.Stream(ctx, wire.StreamAudit)
+	if err != nil {
+		return 0, 0, fmt.Errorf("stream %s: %w", wire.StreamAudit, err)
+	}
+	st, err := r.cfg.Client.AuditStats(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	return s.CachedInfo().State.LastSeq, st.Stored, nil
+}
+
+// drainAudit waits until auditd has nothing pending (or Timeout) and
+// returns what is left.
+func (r *Run) drainAudit(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		lag, err := r.cfg.Client.AuditLag(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if lag.Pending == 0 {
+			return 0, nil
+		}
+		r.cfg.Progress(Progress{Phase: "audit backlog", Done: 0, Total: int(lag.Pending)})
+		select {
+		case <-ctx.Done():
+			return int64(lag.Pending), nil
+		case <-tick.C:
+		}
+	}
+}
+
+// every calls fn every period until stop is called; the returned channel
+// closes once fn no longer runs.
+func (r *Run) every(ctx context.Context, period time.Duration, fn func()) (<-chan struct{}, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(period)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				fn()
+			}
+		}
+	}()
+	return done, cancel
+}

@@ -1,0 +1,138 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Backlog is the backlog scenario's result: n noop tasks queued while the
+// queue is paused (`gantry queue pause`), the gantry process looked at,
+// then the queue resumed and timed until every task finished; against
+// draining as many messages queued in a scratch stream with a durable pull
+// consumer. The RSS figures need the process's /metrics.
+type Backlog struct {
+	Tasks  int  `json:"tasks"`
+	Queued Rate `json:"queued"`
+	// Idle is the system with the tasks queued, before the resume.
+	Idle Sample `json:"idle"`
+	// PeakRSSBytes is the highest RSS sampled (every second) while draining.
+	PeakRSSBytes int64 `json:"peak_rss_bytes"`
+	Drain        Rate  `json:"drain"`
+	// Missed counts samples that could not be taken (a /metrics request
+	// that timed out on a loaded machine); the RSS figures are then from
+	// the samples that were.
+	Missed int `json:"missed_samples"`
+	// RawDrain is consume + ack of n messages already in a scratch stream.
+	RawDrain Rate `json:"raw_drain"`
+	// Ratio is Drain.PerSec / RawDrain.PerSec.
+	Ratio float64 `json:"ratio"`
+}
+
+// Backlog runs the backlog scenario with n tasks.
+func (r *Run) Backlog(ctx context.Context, n int) (res *Backlog, err error) {
+	if n < 1 {
+		return nil, fmt.Errorf("backlog: want at least 1 task, got %d", n)
+	}
+	raw, err := r.rawDrain(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	t, err := r.track(n, false)
+	if err != nil {
+		return nil, err
+	}
+	defer t.close()
+	if _, err := r.cfg.Client.PauseQueue(ctx, r.cfg.Queue, "gantry bench backlog"); err != nil {
+		return nil, fmt.Errorf("pause queue %s: %w", r.cfg.Queue, err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			if _, rerr := r.cfg.Client.ResumeQueue(context.WithoutCancel(ctx), r.cfg.Queue); rerr != nil && err == nil {
+				err = fmt.Errorf("resume queue %s: %w", r.cfg.Queue, rerr)
+			}
+		}
+	}()
+	begin := time.Now()
+	pub, err := r.publishAll(ctx, n, "queue tasks")
+	if err != nil {
+		return nil, err
+	}
+	res = &Backlog{Tasks: n, Queued: rate(n, pub), RawDrain: raw}
+	if res.Idle, err = r.sample(ctx, begin); err != nil {
+		res.Missed++
+	}
+	res.PeakRSSBytes = res.Idle.RSSBytes
+	var mu sync.Mutex
+	sampler, stop := r.every(ctx, time.Second, func() {
+		s, err := r.sample(ctx, begin)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			res.Missed++
+			return
+		}
+		res.PeakRSSBytes = max(res.PeakRSSBytes, s.RSSBytes)
+	})
+	start := time.Now()
+	if _, err := r.cfg.Client.ResumeQueue(ctx, r.cfg.Queue); err != nil {
+		stop()
+		return nil, fmt.Errorf("resume queue %s: %w", r.cfg.Queue, err)
+	}
+	resumed = true
+	err = t.wait(ctx, "drain")
+	stop()
+	<-sampler
+	if err != nil {
+		return nil, err
+	}
+	res.Drain = rate(t.done(), time.Since(start))
+	res.Ratio = ratio(res.Drain.PerSec, raw.PerSec)
+	return res, nil
+}
+
+// rawDrain queues n task-sized messages in a scratch stream, then times a
+// durable pull consumer consuming and acknowledging them all.
+func (r *Run) rawDrain(ctx context.Context, n int) (Rate, error) {
+	s, err := r.scratchStream(ctx, jetstream.WorkQueuePolicy)
+	if err != nil {
+		return Rate{}, err
+	}
+	defer r.remove(s)
+	body := []byte(fmt.Sprintf(`{"id":%q}`, r.taskID(n)))
+	futures := make([]jetstream.PubAckFuture, 0, n)
+	for i := range n {
+		f, err := r.publishAsync(s.subject, body)
+		if err != nil {
+			return Rate{}, fmt.Errorf("publish raw: %w", err)
+		}
+		futures = append(futures, f)
+		if i%1000 == 0 {
+			r.cfg.Progress(Progress{Phase: "raw queue", Done: i, Total: n})
+		}
+	}
+	if err := r.awaitAcks(ctx, futures); err != nil {
+		return Rate{}, err
+	}
+	var got atomic.Int64
+	all := make(chan struct{})
+	start := time.Now()
+	cc, err := r.rawConsumer(ctx, s, func(jetstream.Msg) {
+		if got.Add(1) == int64(n) {
+			close(all)
+		}
+	})
+	if err != nil {
+		return Rate{}, err
+	}
+	defer cc.Stop()
+	if err := r.waitFor(ctx, all, "raw drain", func() int { return int(got.Load()) }, n); err != nil {
+		return Rate{}, err
+	}
+	return rate(n, time.Since(start)), nil
+}
