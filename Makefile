@@ -15,7 +15,7 @@ LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
 NODE_EXAMPLES ?= examples/handlers/node
 
-.PHONY: help build run test bench lint cross tidy-check fmt-check vet tools node-examples screenshots
+.PHONY: help build run test bench fuzz lint cross tidy-check fmt-check vet tools node-examples screenshots
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-z-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -45,6 +45,18 @@ BENCH_SHORT := "throughput --tasks 10000" "latency --rate 1000 --duration 3s" "l
 bench: build ## run the go benchmarks, then the short form of each 'gantry bench' scenario (numbers go in docs/BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
 	@for s in $(BENCH_SHORT); do echo "== gantry bench $$s"; ./$(BIN) bench $$s || exit 1; done
+
+# Every Fuzz target of the module, found in its test files, runs for
+# FUZZTIME (go test -fuzz takes one target at a time).
+FUZZTIME ?= 10s
+
+fuzz: ## run every fuzz target for FUZZTIME each (FUZZTIME=60s for longer)
+	@set -e; for file in $$(git ls-files --cached --others --exclude-standard '*_test.go' | xargs grep -l '^func Fuzz'); do \
+		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$file); do \
+			echo "== $$target ($$(dirname $$file))"; \
+			$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) ./$$(dirname $$file); \
+		done; \
+	done
 
 lint: fmt-check vet ## gofmt check and go vet
 

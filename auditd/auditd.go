@@ -356,11 +356,7 @@ func (s *Service) pause(ctx context.Context, d time.Duration) bool {
 // valid event. The record's id derives from the stream sequence, so a
 // redelivery stores it once.
 func decode(m jetstream.Msg, clk clock.Clock) (wire.Event, error) {
-	var ev wire.Event
-	err := json.Unmarshal(m.Data(), &ev)
-	if err == nil {
-		err = Validate(&ev)
-	}
+	ev, err := parseEvent(m.Data())
 	if err == nil {
 		return ev, nil
 	}
@@ -381,6 +377,17 @@ func decode(m jetstream.Msg, clk clock.Clock) (wire.Event, error) {
 		Message:   "a message on the audit stream is not a valid event; skipped",
 		Payload:   payload,
 	}, err
+}
+
+// parseEvent decodes and validates the data of a message on the audit
+// stream.
+func parseEvent(data []byte) (wire.Event, error) {
+	var ev wire.Event
+	err := json.Unmarshal(data, &ev)
+	if err == nil {
+		err = Validate(&ev)
+	}
+	return ev, err
 }
 
 // retentionLoop deletes expired events now and every RetentionInterval.

@@ -15,7 +15,7 @@ import (
 )
 
 // newResources returns a resource store on env.
-func newResources(t *testing.T, env *brokertest.Env) *lease.Resources {
+func newResources(t testing.TB, env *brokertest.Env) *lease.Resources {
 	t.Helper()
 	r, err := lease.NewResources(env.JS, lease.ResourcesConfig{Audit: audit.NewEmitter(env.JS, "test", nil), Logger: env.Log})
 	if err != nil {

@@ -44,6 +44,7 @@ import (
 var docsNotRun = map[string]string{
 	"make run":                            "starts gantry on the default ports for a person; this test starts its own 'gantry run' instead",
 	"make test":                           "runs the whole test suite, this test included",
+	"make fuzz":                           "runs every fuzz target for FUZZTIME each, minutes of CPU; go test runs their seed corpora",
 	"gantry submit sql --db office":       "needs a PostgreSQL or SQL Server database 'office', which this test does not run (cmd/gantry/sql_test.go runs SQLite)",
 	"cd examples/handlers/node":           "installs the Node example's modules; TestNodeHandlerExample runs the example",
 	"NATS_URL=nats://127.0.0.1:4222 node": "the Node handler example, run by TestNodeHandlerExample",

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -308,6 +309,11 @@ func ParseRetention(s string) (time.Duration, error) {
 		n, err := strconv.ParseUint(days, 10, 32)
 		if err != nil {
 			return 0, fmt.Errorf("%q: want a Go duration (36h) or whole days (30d)", s)
+		}
+		// More days than a Duration holds would wrap around into another
+		// retention (217000d read as 3496 days).
+		if n > uint64(math.MaxInt64/int64(24*time.Hour)) {
+			return 0, fmt.Errorf("%q: want at most %dd", s, math.MaxInt64/int64(24*time.Hour))
 		}
 		d = time.Duration(n) * 24 * time.Hour
 	} else {
