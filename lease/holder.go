@@ -91,7 +91,11 @@ func (h *Holder) renewLoop() {
 			return
 		case <-t.C():
 		}
-		rctx, cancel := context.WithTimeout(h.ctx, interval)
+		// The broker counts a renewal's TTL from when it stores it, at the
+		// earliest when it was sent: lastOK is that send time, and no
+		// renewal may outlast the lease it renews.
+		sent := clk.Now()
+		rctx, cancel := context.WithTimeout(h.ctx, min(interval, lastOK.Add(h.ttl).Sub(sent)))
 		lease, err := h.l.Renew(rctx, h.Lease(), h.ttl)
 		if errors.Is(err, ErrLost) && failing {
 			// A renewal that timed out may have been stored all the same,
@@ -108,7 +112,7 @@ func (h *Holder) renewLoop() {
 			h.mu.Lock()
 			h.lease = lease
 			h.mu.Unlock()
-			lastOK = clk.Now()
+			lastOK = sent
 			t.Reset(interval)
 		case errors.Is(err, ErrLost):
 			h.l.log.Warn("lease lost", "resource_id", h.Lease().Resource, "err", err)
