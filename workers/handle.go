@@ -145,7 +145,7 @@ func (w *Workers) process(ctx context.Context, sp *spec, m jetstream.Msg) {
 	if sp.lane != nil {
 		sp.lane.delivered(meta.NumPending)
 	}
-	d := &delivery{w: w, msg: m, meta: meta, sp: sp, replayed: w.suspect(sp, meta)}
+	d := &delivery{w: w, msg: m, meta: meta, sp: sp, replayed: w.suspect(ctx, sp, meta)}
 	d.run(ctx)
 }
 

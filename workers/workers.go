@@ -63,6 +63,9 @@ type Workers struct {
 	// settled are the stream sequences of the messages this process acked
 	// or terminated lately.
 	settled recentSeqs
+	// mark is the tasks stream's last sequence when this process last
+	// connected to the broker.
+	mark watermark
 	// rmu guards running, handling and interrupting: once interruptAll
 	// has run, a task that starts is interrupted at once.
 	rmu     sync.Mutex
@@ -171,11 +174,74 @@ const suspectFor = 30 * time.Second
 
 // suspect reports whether a delivery may be one a consumer forgot and made
 // again: this process acked or terminated its message before, its
-// consumer sequence is not new to this process, or a consumer leader was
-// elected a short while ago.
-func (w *Workers) suspect(sp *spec, meta *jetstream.MsgMetadata) bool {
+// consumer sequence is not new to this process, a consumer leader was
+// elected a short while ago, or its message was stored before this
+// process last connected to the broker (a broker killed and restarted
+// forgets the deliveries it made just before, and makes them again as
+// first ones, to this process or a new one).
+func (w *Workers) suspect(ctx context.Context, sp *spec, meta *jetstream.MsgMetadata) bool {
 	return sp.replayed(meta.Sequence.Consumer) || w.settled.has(meta.Sequence.Stream) ||
-		time.Now().UnixNano() < w.suspectUntil.Load()
+		time.Now().UnixNano() < w.suspectUntil.Load() || w.storedBefore(ctx, meta.Sequence.Stream)
+}
+
+// watermark is the tasks stream's last sequence when a connection to the
+// broker was made: a message at or below it may have been delivered
+// before, by a broker that has since forgotten it.
+type watermark struct {
+	mu sync.Mutex
+	// seq is the last sequence read on the connection conn (its reconnect
+	// count); known says whether it was read.
+	seq   uint64
+	conn  uint64
+	known bool
+	// reading is set while a delivery reads the mark.
+	reading bool
+}
+
+// storedBefore reports whether the message at stream sequence seq was
+// stored before this process last connected to the broker. While that is
+// not known (the connection is new, the broker does not answer) every
+// message counts as stored before, and one delivery reads the mark.
+func (w *Workers) storedBefore(ctx context.Context, seq uint64) bool {
+	conn := w.nc.Stats().Reconnects
+	w.mark.mu.Lock()
+	if w.mark.known && w.mark.conn == conn {
+		defer w.mark.mu.Unlock()
+		return seq <= w.mark.seq
+	}
+	reading := w.mark.reading
+	w.mark.reading = true
+	w.mark.mu.Unlock()
+	if !reading {
+		w.readMark(ctx, conn)
+	}
+	return true
+}
+
+// readMark reads the tasks stream's last sequence as the mark of the
+// connection conn (the reconnect count read before).
+func (w *Workers) readMark(ctx context.Context, conn uint64) {
+	ctx, cancel := context.WithTimeout(ctx, ackTimeout)
+	defer cancel()
+	var last uint64
+	stream, err := w.js.Stream(ctx, wire.StreamTasks)
+	if err == nil {
+		last = stream.CachedInfo().State.LastSeq
+	}
+	w.setMark(conn, last, err)
+}
+
+// setMark records last as the mark of the connection conn, unless err
+// says it could not be read.
+func (w *Workers) setMark(conn, last uint64, err error) {
+	w.mark.mu.Lock()
+	defer w.mark.mu.Unlock()
+	w.mark.reading = false
+	if err != nil {
+		w.log.Warn("read the tasks stream's last sequence; deliveries read their task's record meanwhile", "err", err)
+		return
+	}
+	w.mark.seq, w.mark.conn, w.mark.known = last, conn, true
 }
 
 // recentSeqs remembers the last stream sequences added to it.
@@ -417,10 +483,14 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 	if w.resources, err = lease.NewResources(w.js, lease.ResourcesConfig{Audit: w.audit, Logger: w.log, Clock: w.cfg.Clock}); err != nil {
 		return err
 	}
+	// The mark of this connection: what the stream held before this
+	// process started may have been delivered already.
+	conn := w.nc.Stats().Reconnects
 	stream, err := w.js.Stream(ctx, wire.StreamTasks)
 	if err != nil {
 		return fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
 	}
+	w.setMark(conn, stream.CachedInfo().State.LastSeq, nil)
 	if err := w.openOps(ctx); err != nil {
 		return err
 	}
