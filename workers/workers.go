@@ -2,12 +2,14 @@ package workers
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/oklog/ulid/v2"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/asyncpub"
@@ -834,13 +837,64 @@ func (w *Workers) track(info wire.RunningTask, cancel context.CancelCauseFunc) f
 // stores an event under its id, so the rare event stored twice after a
 // lost acknowledgement is stored once; the republish does carry the id.
 func (w *Workers) emitAsync(ev wire.Event) {
-	w.audit.Stamp(&ev)
-	data, err := json.Marshal(&ev)
+	if m := w.eventMsg(&ev); m != nil {
+		w.pub.Publish(m, ev.ID)
+	}
+}
+
+// eventMsg stamps ev and returns it as a message for the audit stream, or
+// nil (logged) if it cannot be encoded.
+func (w *Workers) eventMsg(ev *wire.Event) *nats.Msg {
+	w.audit.Stamp(ev)
+	data, err := json.Marshal(ev)
 	if err != nil {
 		w.log.Error("encode audit event", "type", ev.Type, "task_id", ev.TaskID, "err", err)
-		return
+		return nil
 	}
-	w.pub.Publish(&nats.Msg{Subject: ev.Type.Subject(), Data: data}, ev.ID)
+	return &nats.Msg{Subject: ev.Type.Subject(), Data: data}
+}
+
+// sentEvent is an audit event published without waiting, whose
+// acknowledgement a task's ack waits for.
+type sentEvent struct {
+	f  *asyncpub.Future
+	id string
+}
+
+// emitSent publishes ev as emitAsync does and adds it to sent.
+func (w *Workers) emitSent(sent []sentEvent, ev wire.Event) []sentEvent {
+	m := w.eventMsg(&ev)
+	if m == nil {
+		return sent
+	}
+	return append(sent, sentEvent{f: w.pub.Async(m), id: ev.ID})
+}
+
+// awaitEvents waits until the audit stream has the events sent, each
+// failed publish made again under its event id: a task message is
+// acknowledged only once its events are stored, so that a process killed
+// right after leaves no acknowledged task without them. Those that cannot
+// be stored are logged.
+func (w *Workers) awaitEvents(ctx context.Context, sent []sentEvent) {
+	for _, e := range sent {
+		if err := w.pub.Settle(ctx, e.f, e.id); err != nil {
+			w.log.Error("audit event lost", "event_id", e.id, "err", err)
+		}
+	}
+}
+
+// finishedEvent is the TASK_FINISHED event of rec, a task recorded in its
+// final state. Its id and time derive from the record, so that the event
+// emitted again for a message delivered after its task ended (a broker that
+// died forgot the ack) is the same event, stored once by auditd.
+func finishedEvent(rec wire.TaskRecord, level wire.Level, message string, result json.RawMessage) wire.Event {
+	sum := sha256.Sum256([]byte(rec.ID + "\x00" + strconv.Itoa(max(rec.Run, 1))))
+	var id ulid.ULID
+	_ = id.SetTime(ulid.Timestamp(rec.UpdatedAt))
+	_ = id.SetEntropy(sum[:10])
+	return wire.Event{ID: id.String(), Time: rec.UpdatedAt, Type: wire.EventTaskFinished, Level: level,
+		TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job, Message: message,
+		Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, Result: result, Run: max(rec.Run, 1), State: rec.State})}
 }
 
 // ackTimeout bounds the wait for the acknowledgement of an asynchronous
@@ -960,10 +1014,10 @@ func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord, ms
 	if _, err := w.tasks.Put(ctx, rec); err != nil {
 		return fmt.Errorf("write task state %s: %w", rec.State, err)
 	}
-	w.emitAsync(wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
+	sent := w.emitSent(nil, wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
 		Message: rec.LastError, Payload: audit.Payload(map[string]any{"attempts": rec.Attempts, "queue": rec.Queue, "type": rec.Type})})
-	w.emitAsync(wire.Event{Type: wire.EventTaskFinished, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
-		Message: "task needs review", Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, Run: max(rec.Run, 1), State: rec.State})})
+	sent = w.emitSent(sent, finishedEvent(rec, wire.LevelWarn, "task needs review", nil))
+	w.awaitEvents(ctx, sent)
 	return nil
 }
 
