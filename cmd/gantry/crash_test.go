@@ -249,7 +249,7 @@ func (l *crashLoad) check(t *testing.T, url string, kills int) {
 
 	// Every TASK_FINISHED once in the audit store, as auditd answers.
 	var finished map[string]int
-	poll.For(t, time.Minute, 200*time.Millisecond, func() error {
+	err := poll.Until(time.Minute, 200*time.Millisecond, func() error {
 		finished = map[string]int{}
 		q := client.AuditQuery{Type: wire.EventTaskFinished, Limit: 5000}
 		for {
@@ -272,6 +272,15 @@ func (l *crashLoad) check(t *testing.T, url string, kills int) {
 		}
 		return nil
 	})
+	missing := 0
+	for id := range succeeded {
+		if finished[id] == 0 {
+			missing++
+		}
+	}
+	if err != nil {
+		t.Errorf("after a minute: %v (%d tasks without TASK_FINISHED)", err, missing)
+	}
 	dups := 0
 	for id, n := range finished {
 		if n > 1 {
@@ -279,8 +288,8 @@ func (l *crashLoad) check(t *testing.T, url string, kills int) {
 			t.Errorf("task %s: %d TASK_FINISHED in the audit store, want 1", id, n)
 		}
 	}
-	t.Logf("crash figures: %d tasks, %d kills; lost %d, operation keys run twice %d, TASK_FINISHED missing 0 duplicated %d, exec tasks run again %d",
-		len(l.exec), kills, lost, keysTwice, dups, rerun)
+	t.Logf("crash figures: %d tasks, %d kills; lost %d, operation keys run twice %d, TASK_FINISHED missing %d duplicated %d, exec tasks run again %d",
+		len(l.exec), kills, lost, keysTwice, missing, dups, rerun)
 }
 
 // filterTrue returns the ids set in m.
