@@ -288,8 +288,8 @@ func (l *crashLoad) check(t *testing.T, url string, kills int) {
 			t.Errorf("task %s: %d TASK_FINISHED in the audit store, want 1", id, n)
 		}
 	}
-	t.Logf("crash figures: %d tasks, %d kills; lost %d, operation keys run twice %d, TASK_FINISHED missing %d duplicated %d, exec tasks run again %d",
-		len(l.exec), kills, lost, keysTwice, missing, dups, rerun)
+	t.Logf("crash figures of %s: %d tasks, %d kills; lost %d, operation keys run twice %d, TASK_FINISHED missing %d duplicated %d, exec tasks run again %d",
+		t.Name(), len(l.exec), kills, lost, keysTwice, missing, dups, rerun)
 }
 
 // filterTrue returns the ids set in m.
@@ -303,6 +303,18 @@ func filterTrue(m map[string]bool, ids []string) []string {
 	return out
 }
 
+// crashReady bounds the wait for a restarted process's ready line: a
+// restart recovers the streams a kill left, on a machine the load keeps
+// busy.
+const crashReady = time.Minute
+
+// kill kills the process with SIGKILL and waits for it to end.
+func (w *logWatch) kill() {
+	_ = w.cmd.Process.Kill()
+	<-w.done
+	_ = w.cmd.Wait()
+}
+
 // TestCrashRun kills `gantry run` (SIGKILL) several times while it works
 // through acknowledged tasks, restarting it on the same data dir each time:
 // no task is lost, no operation key runs twice, every TASK_FINISHED is
@@ -313,16 +325,16 @@ func TestCrashRun(t *testing.T) {
 	data, addr := t.TempDir(), freePort(t)
 	url := "nats://" + addr
 	args := []string{"run", "--data", data, "--nats-listen", addr, "--http-listen", "", "--ack-wait", "2s"}
-	cmd, _ := startGantry(t, args...)
+	var p *logWatch
+	start := func() {
+		p = watchGantry(t, args...)
+		p.wait(t, crashReady, readyMsg)
+	}
+	start()
 
 	l := newCrashLoad(t, n)
 	l.publish(t, url)
-	l.killMidLoad(t, kills, func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}, func() {
-		cmd, _ = startGantry(t, args...)
-	})
+	l.killMidLoad(t, kills, func() { p.kill() }, start)
 	l.check(t, url, kills)
 }
 
@@ -348,7 +360,7 @@ func TestCrashSplit(t *testing.T) {
 			procs := map[string]*logWatch{}
 			start := func(name string) {
 				procs[name] = watchGantry(t, args[name]...)
-				procs[name].wait(t, 30*time.Second, readyMsg)
+				procs[name].wait(t, crashReady, readyMsg)
 			}
 			for _, name := range []string{"broker", "worker", "auditd"} {
 				start(name)
@@ -356,12 +368,7 @@ func TestCrashSplit(t *testing.T) {
 
 			l := newCrashLoad(t, n)
 			l.publish(t, url)
-			l.killMidLoad(t, kills, func() {
-				p := procs[victim]
-				_ = p.cmd.Process.Kill()
-				<-p.done
-				_ = p.cmd.Wait()
-			}, func() { start(victim) })
+			l.killMidLoad(t, kills, func() { procs[victim].kill() }, func() { start(victim) })
 			l.check(t, url, kills)
 			if victim == "auditd" {
 				storeIsStream(t, url)
