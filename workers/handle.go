@@ -113,6 +113,10 @@ type delivery struct {
 	// (see spec.replayed): its delivery count may say 1.
 	replayed bool
 
+	// sent are the audit events of the delivery whose acknowledgement its
+	// ack, nak or term waits for.
+	sent []sentEvent
+
 	// mu orders the state writes of the delivery: the delayed RUNNING
 	// write never lands after the final one.
 	mu    sync.Mutex
@@ -145,7 +149,7 @@ func (w *Workers) process(ctx context.Context, sp *spec, m jetstream.Msg) {
 	if sp.lane != nil {
 		sp.lane.delivered(meta.NumPending)
 	}
-	d := &delivery{w: w, msg: m, meta: meta, sp: sp, replayed: w.suspect(sp, meta)}
+	d := &delivery{w: w, msg: m, meta: meta, sp: sp, replayed: w.suspect(ctx, sp, meta)}
 	d.run(ctx)
 }
 
@@ -231,11 +235,15 @@ func (d *delivery) run(ctx context.Context) {
 			}
 			d.rec.Delays = prev.Delays
 			d.rec.LastError = prev.LastError
+			// The end is emitted again, as the same event: the process
+			// that recorded it may have died before the audit stream had it.
 			switch prev.State {
 			case wire.TaskSucceeded:
+				d.sent = w.emitSent(d.sent, finishedEvent(prev, wire.LevelInfo, "task succeeded", prev.Result))
 				d.ack()
 				return
 			case wire.TaskNeedsReview:
+				d.sent = w.emitSent(d.sent, finishedEvent(prev, wire.LevelWarn, "task needs review", nil))
 				d.term("already in NEEDS_REVIEW")
 				return
 			case wire.TaskCancelled:
@@ -591,8 +599,7 @@ func (d *delivery) succeed(ctx context.Context, t *Task) {
 	d.rec.RetryAt = nil
 	d.rec.Result = t.Result()
 	d.write(ctx)
-	d.emit(wire.Event{Type: wire.EventTaskFinished, Message: "task succeeded",
-		Payload: audit.Payload(finishedPayload{Attempts: d.rec.Attempts, Result: d.rec.Result, Run: max(d.rec.Run, 1), State: wire.TaskSucceeded})})
+	d.sent = d.w.emitSent(d.sent, finishedEvent(d.rec, wire.LevelInfo, "task succeeded", d.rec.Result))
 	d.ack()
 }
 
@@ -676,7 +683,14 @@ func (d *delivery) reject(ctx context.Context, reason error) {
 // resource and the job that fired it.
 func (d *delivery) emit(ev wire.Event) {
 	ev.TaskID, ev.ResourceID, ev.JobID = d.rec.ID, d.rec.Resource, d.rec.Job
-	d.w.emitAsync(ev)
+	d.sent = d.w.emitSent(d.sent, ev)
+}
+
+// awaitEvents waits until the audit stream has the delivery's events,
+// before its message is settled.
+func (d *delivery) awaitEvents() {
+	d.w.awaitEvents(context.Background(), d.sent)
+	d.sent = nil
 }
 
 // quarantined records the bad value err names as VALUE_QUARANTINED, about
@@ -808,6 +822,7 @@ func settledError(err error) bool {
 }
 
 func (d *delivery) ack() {
+	d.awaitEvents()
 	d.w.settled.add(d.meta.Sequence.Stream)
 	if err := d.msg.Ack(); err != nil {
 		d.w.log.Warn("ack", "task_id", d.rec.ID, "err", err)
@@ -821,6 +836,7 @@ func (d *delivery) ack() {
 // delivery n's delay would grow by backOff[n-1]-AckWait. nak takes that
 // off, sending the nak itself since the client drops delays below zero.
 func (d *delivery) nak(wait time.Duration) {
+	d.awaitEvents()
 	if wait <= 0 {
 		if err := d.msg.Nak(); err != nil {
 			d.w.log.Warn("nak", "task_id", d.rec.ID, "err", err)
@@ -838,6 +854,7 @@ func (d *delivery) nak(wait time.Duration) {
 }
 
 func (d *delivery) term(reason string) {
+	d.awaitEvents()
 	d.w.settled.add(d.meta.Sequence.Stream)
 	if err := d.msg.TermWithReason(reason); err != nil {
 		d.w.log.Warn("term", "task_id", d.rec.ID, "err", err)

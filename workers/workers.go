@@ -2,12 +2,14 @@ package workers
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/oklog/ulid/v2"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/asyncpub"
@@ -63,6 +66,9 @@ type Workers struct {
 	// settled are the stream sequences of the messages this process acked
 	// or terminated lately.
 	settled recentSeqs
+	// mark is the tasks stream's last sequence when this process last
+	// connected to the broker.
+	mark watermark
 	// rmu guards running, handling and interrupting: once interruptAll
 	// has run, a task that starts is interrupted at once.
 	rmu     sync.Mutex
@@ -171,11 +177,74 @@ const suspectFor = 30 * time.Second
 
 // suspect reports whether a delivery may be one a consumer forgot and made
 // again: this process acked or terminated its message before, its
-// consumer sequence is not new to this process, or a consumer leader was
-// elected a short while ago.
-func (w *Workers) suspect(sp *spec, meta *jetstream.MsgMetadata) bool {
+// consumer sequence is not new to this process, a consumer leader was
+// elected a short while ago, or its message was stored before this
+// process last connected to the broker (a broker killed and restarted
+// forgets the deliveries it made just before, and makes them again as
+// first ones, to this process or a new one).
+func (w *Workers) suspect(ctx context.Context, sp *spec, meta *jetstream.MsgMetadata) bool {
 	return sp.replayed(meta.Sequence.Consumer) || w.settled.has(meta.Sequence.Stream) ||
-		time.Now().UnixNano() < w.suspectUntil.Load()
+		time.Now().UnixNano() < w.suspectUntil.Load() || w.storedBefore(ctx, meta.Sequence.Stream)
+}
+
+// watermark is the tasks stream's last sequence when a connection to the
+// broker was made: a message at or below it may have been delivered
+// before, by a broker that has since forgotten it.
+type watermark struct {
+	mu sync.Mutex
+	// seq is the last sequence read on the connection conn (its reconnect
+	// count); known says whether it was read.
+	seq   uint64
+	conn  uint64
+	known bool
+	// reading is set while a delivery reads the mark.
+	reading bool
+}
+
+// storedBefore reports whether the message at stream sequence seq was
+// stored before this process last connected to the broker. While that is
+// not known (the connection is new, the broker does not answer) every
+// message counts as stored before, and one delivery reads the mark.
+func (w *Workers) storedBefore(ctx context.Context, seq uint64) bool {
+	conn := w.nc.Stats().Reconnects
+	w.mark.mu.Lock()
+	if w.mark.known && w.mark.conn == conn {
+		defer w.mark.mu.Unlock()
+		return seq <= w.mark.seq
+	}
+	reading := w.mark.reading
+	w.mark.reading = true
+	w.mark.mu.Unlock()
+	if !reading {
+		w.readMark(ctx, conn)
+	}
+	return true
+}
+
+// readMark reads the tasks stream's last sequence as the mark of the
+// connection conn (the reconnect count read before).
+func (w *Workers) readMark(ctx context.Context, conn uint64) {
+	ctx, cancel := context.WithTimeout(ctx, ackTimeout)
+	defer cancel()
+	var last uint64
+	stream, err := w.js.Stream(ctx, wire.StreamTasks)
+	if err == nil {
+		last = stream.CachedInfo().State.LastSeq
+	}
+	w.setMark(conn, last, err)
+}
+
+// setMark records last as the mark of the connection conn, unless err
+// says it could not be read.
+func (w *Workers) setMark(conn, last uint64, err error) {
+	w.mark.mu.Lock()
+	defer w.mark.mu.Unlock()
+	w.mark.reading = false
+	if err != nil {
+		w.log.Warn("read the tasks stream's last sequence; deliveries read their task's record meanwhile", "err", err)
+		return
+	}
+	w.mark.seq, w.mark.conn, w.mark.known = last, conn, true
 }
 
 // recentSeqs remembers the last stream sequences added to it.
@@ -417,10 +486,14 @@ func (w *Workers) run(ctx context.Context, lc *lifecycle.Runner) error {
 	if w.resources, err = lease.NewResources(w.js, lease.ResourcesConfig{Audit: w.audit, Logger: w.log, Clock: w.cfg.Clock}); err != nil {
 		return err
 	}
+	// The mark of this connection: what the stream held before this
+	// process started may have been delivered already.
+	conn := w.nc.Stats().Reconnects
 	stream, err := w.js.Stream(ctx, wire.StreamTasks)
 	if err != nil {
 		return fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
 	}
+	w.setMark(conn, stream.CachedInfo().State.LastSeq, nil)
 	if err := w.openOps(ctx); err != nil {
 		return err
 	}
@@ -769,13 +842,64 @@ func (w *Workers) track(info wire.RunningTask, cancel context.CancelCauseFunc) f
 // stores an event under its id, so the rare event stored twice after a
 // lost acknowledgement is stored once; the republish does carry the id.
 func (w *Workers) emitAsync(ev wire.Event) {
-	w.audit.Stamp(&ev)
-	data, err := json.Marshal(&ev)
+	if m := w.eventMsg(&ev); m != nil {
+		w.pub.Publish(m, ev.ID)
+	}
+}
+
+// eventMsg stamps ev and returns it as a message for the audit stream, or
+// nil (logged) if it cannot be encoded.
+func (w *Workers) eventMsg(ev *wire.Event) *nats.Msg {
+	w.audit.Stamp(ev)
+	data, err := json.Marshal(ev)
 	if err != nil {
 		w.log.Error("encode audit event", "type", ev.Type, "task_id", ev.TaskID, "err", err)
-		return
+		return nil
 	}
-	w.pub.Publish(&nats.Msg{Subject: ev.Type.Subject(), Data: data}, ev.ID)
+	return &nats.Msg{Subject: ev.Type.Subject(), Data: data}
+}
+
+// sentEvent is an audit event published without waiting, whose
+// acknowledgement a task's ack waits for.
+type sentEvent struct {
+	f  *asyncpub.Future
+	id string
+}
+
+// emitSent publishes ev as emitAsync does and adds it to sent.
+func (w *Workers) emitSent(sent []sentEvent, ev wire.Event) []sentEvent {
+	m := w.eventMsg(&ev)
+	if m == nil {
+		return sent
+	}
+	return append(sent, sentEvent{f: w.pub.Async(m), id: ev.ID})
+}
+
+// awaitEvents waits until the audit stream has the events sent, each
+// failed publish made again under its event id: a task message is
+// acknowledged only once its events are stored, so that a process killed
+// right after leaves no acknowledged task without them. Those that cannot
+// be stored are logged.
+func (w *Workers) awaitEvents(ctx context.Context, sent []sentEvent) {
+	for _, e := range sent {
+		if err := w.pub.Settle(ctx, e.f, e.id); err != nil {
+			w.log.Error("audit event lost", "event_id", e.id, "err", err)
+		}
+	}
+}
+
+// finishedEvent is the TASK_FINISHED event of rec, a task recorded in its
+// final state. Its id and time derive from the record, so that the event
+// emitted again for a message delivered after its task ended (a broker that
+// died forgot the ack) is the same event, stored once by auditd.
+func finishedEvent(rec wire.TaskRecord, level wire.Level, message string, result json.RawMessage) wire.Event {
+	sum := sha256.Sum256([]byte(rec.ID + "\x00" + strconv.Itoa(max(rec.Run, 1))))
+	var id ulid.ULID
+	_ = id.SetTime(ulid.Timestamp(rec.UpdatedAt))
+	_ = id.SetEntropy(sum[:10])
+	return wire.Event{ID: id.String(), Time: rec.UpdatedAt, Type: wire.EventTaskFinished, Level: level,
+		TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job, Message: message,
+		Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, Result: result, Run: max(rec.Run, 1), State: rec.State})}
 }
 
 // ackTimeout bounds the wait for the acknowledgement of an asynchronous
@@ -895,10 +1019,10 @@ func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord, ms
 	if _, err := w.tasks.Put(ctx, rec); err != nil {
 		return fmt.Errorf("write task state %s: %w", rec.State, err)
 	}
-	w.emitAsync(wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
+	sent := w.emitSent(nil, wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
 		Message: rec.LastError, Payload: audit.Payload(map[string]any{"attempts": rec.Attempts, "queue": rec.Queue, "type": rec.Type})})
-	w.emitAsync(wire.Event{Type: wire.EventTaskFinished, Level: wire.LevelWarn, TaskID: rec.ID, ResourceID: rec.Resource, JobID: rec.Job,
-		Message: "task needs review", Payload: audit.Payload(finishedPayload{Attempts: rec.Attempts, Run: max(rec.Run, 1), State: rec.State})})
+	sent = w.emitSent(sent, finishedEvent(rec, wire.LevelWarn, "task needs review", nil))
+	w.awaitEvents(ctx, sent)
 	return nil
 }
 
