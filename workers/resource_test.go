@@ -49,7 +49,7 @@ func TestResourceTasksNeverOverlap(t *testing.T) {
 		if r, err := res.Get(ctx, "cam1"); err == nil {
 			states.Store(string(r.State))
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // a slow handler: runs on one resource must overlap if the lease fails
 		return nil
 	})
 	cfg := Config{BusyDelay: 50 * time.Millisecond, Policy: Policy{Delay: 200 * time.Millisecond}}
