@@ -184,9 +184,9 @@ func TestPriorityCancelWhileHeld(t *testing.T) {
 		if r, _, err := b.tasks.Get(ctx, id); err != nil || r.State != wire.TaskCancelled {
 			t.Errorf("%s: %v, %v; want CANCELLED", id, r.State, err)
 		}
-		evs := b.waitEvents(t, id, wire.EventTaskFinished, 1, 5*time.Second)
+		b.waitEvents(t, id, wire.EventTaskFinished, 1, 5*time.Second)
 		time.Sleep(100 * time.Millisecond) // a span for a second, wrong TASK_FINISHED to show, not a wait
-		if evs = b.eventsOf(id, wire.EventTaskFinished); len(evs) != 1 || payload(t, evs[0])["state"] != string(wire.TaskCancelled) {
+		if evs := b.eventsOf(id, wire.EventTaskFinished); len(evs) != 1 || payload(t, evs[0])["state"] != string(wire.TaskCancelled) {
 			t.Errorf("%s: TASK_FINISHED %+v, want one, CANCELLED", id, evs)
 		}
 	}

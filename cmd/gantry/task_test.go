@@ -117,7 +117,7 @@ func TestSubmitAndTaskCommands(t *testing.T) {
 	}
 
 	// cancel: a running task stops, a waiting one is removed.
-	_, out, _ = runInProcess(t, "submit", "noop", "--id", "long-1", "--payload", `{"sleep":"1m"}`, "--server", url)
+	runInProcess(t, "submit", "noop", "--id", "long-1", "--payload", `{"sleep":"1m"}`, "--server", url)
 	waitTaskState(t, url, "long-1", wire.TaskRunning)
 	if code, _, stderr := runInProcess(t, "task", "cancel", "long-1", "--server", url); code != exitOK {
 		t.Fatalf("task cancel = exit %d (%s), want 0", code, stderr)
