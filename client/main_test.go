@@ -92,4 +92,3 @@ func (b *bundle) startWorkers(t *testing.T, cfg workers.Config, handlers map[str
 	}
 	run(t, w)
 }
-
