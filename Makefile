@@ -15,7 +15,7 @@ LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 
 NODE_EXAMPLES ?= examples/handlers/node
 
-.PHONY: help build run test bench fuzz lint cross tidy-check fmt-check vet tools node-examples screenshots
+.PHONY: help build run test bench fuzz lint cross tidy-check fmt-check vet staticcheck tools node-examples screenshots
 
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-z-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -32,10 +32,13 @@ test: fmt-check vet tidy-check node-examples bin/nats ## gofmt check, go vet, go
 screenshots: ## retake the dashboard's screenshots in docs/screenshots (headless chromium)
 	$(GO) test -count=1 -run 'TestDashboardInBrowser$$' ./cmd/gantry -update-screenshots
 
-tools: bin/nats ## install the nats CLI into bin/ (the docs test runs the docs' nats lines with it)
+tools: bin/nats bin/staticcheck ## install the nats CLI (the docs test runs the docs' nats lines with it) and staticcheck into bin/
 
 bin/nats:
 	GOBIN=$(CURDIR)/bin $(GO) install github.com/nats-io/natscli/nats@v0.5.0
+
+bin/staticcheck:
+	GOBIN=$(CURDIR)/bin $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 # The short form of each 'gantry bench' scenario, against a 'gantry run' it
 # starts; docs/BENCHMARKS.md gives the full-size commands.
@@ -58,7 +61,10 @@ fuzz: ## run every fuzz target for FUZZTIME each (FUZZTIME=60s for longer)
 		done; \
 	done
 
-lint: fmt-check vet ## gofmt check and go vet
+lint: fmt-check vet staticcheck ## gofmt check, go vet and staticcheck
+
+staticcheck: bin/staticcheck ## staticcheck on every package
+	./bin/staticcheck $(PKGS)
 
 node-examples: ## install the Node handler example's modules (npm ci) for its tests; in CI a missing npm fails
 	@if command -v npm >/dev/null 2>&1; then \

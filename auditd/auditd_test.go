@@ -23,6 +23,7 @@ import (
 	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
 	"github.com/gantry-dev/gantry/internal/rpc"
@@ -85,17 +86,12 @@ func publish(t *testing.T, js jetstream.JetStream, evs []wire.Event) {
 // eventually polls cond until it holds or 20 s pass.
 func eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ok, state := cond()
-		if ok {
-			return
+	check.For(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if ok, state := cond(); !ok {
+			return fmt.Errorf("%s: still %s", what, state)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still %s after 20s", what, state)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // serviceQueryAll pages through the NATS service.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 )
 
 // benchEvent is a typical event: a task finishing on a resource, with a
@@ -240,9 +241,12 @@ func BenchmarkSink(b *testing.B) {
 		go func() { done <- s.Run(context.Background()) }()
 		<-s.Ready()
 		start = time.Now()
-		for s.Stats().Stored < n {
-			time.Sleep(time.Millisecond)
-		}
+		check.For(b, time.Minute, time.Millisecond, func() error {
+			if got := s.Stats().Stored; got < n {
+				return fmt.Errorf("stored = %d, want %d", got, n)
+			}
+			return nil
+		})
 		sinkTime += time.Since(start)
 		s.Stop()
 		if err := <-done; err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/gantry-dev/gantry/broker"
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -141,7 +142,7 @@ func TestClusterGrows(t *testing.T) {
 	for _, b := range wire.Buckets {
 		names = append(names, "KV_"+b)
 	}
-	checkFor(t, 30*time.Second, func() error {
+	check.For(t, 30*time.Second, 50*time.Millisecond, func() error {
 		for _, name := range names {
 			s, err := js.Stream(ctx(t), name)
 			if err != nil {
@@ -183,21 +184,5 @@ func TestClusterRefusesStandaloneData(t *testing.T) {
 	t.Cleanup(b.Shutdown)
 	if err := b.Start(ctx(t)); !errors.Is(err, broker.ErrStandaloneData) {
 		t.Errorf("cluster start on a standalone data dir = %v, want ErrStandaloneData", err)
-	}
-}
-
-// checkFor polls f until it returns nil or d passes.
-func checkFor(t testing.TB, d time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }

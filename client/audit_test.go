@@ -11,6 +11,7 @@ import (
 	"github.com/gantry-dev/gantry/auditd"
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
+	"github.com/gantry-dev/gantry/internal/check"
 )
 
 func TestAuditThroughAuditd(t *testing.T) {
@@ -34,7 +35,7 @@ func TestAuditThroughAuditd(t *testing.T) {
 		}
 	}
 	var page client.AuditPage
-	waitFor(t, "both TASK_CREATED stored", func() bool {
+	check.That(t, 20*time.Second, "both TASK_CREATED stored", func() bool {
 		page, err = c.QueryAudit(ctx, client.AuditQuery{Type: wire.EventTaskCreated})
 		return err == nil && len(page.Events) == 2
 	})
@@ -48,7 +49,7 @@ func TestAuditThroughAuditd(t *testing.T) {
 	if _, err := c.QueryAudit(ctx, client.AuditQuery{Cursor: "%%%"}); !errors.Is(err, client.ErrInvalid) || !errors.As(err, &se) || se.Code != "400" {
 		t.Errorf("QueryAudit with a bad cursor = %v, want a 400 matching ErrInvalid", err)
 	}
-	waitFor(t, "stats counting the events", func() bool {
+	check.That(t, 20*time.Second, "stats counting the events", func() bool {
 		st, err := c.AuditStats(ctx)
 		return err == nil && st.Stored >= 2
 	})
@@ -100,7 +101,7 @@ func TestTailAudit(t *testing.T) {
 	}()
 	// The tail starts from now: poll-publish until it sees one, then check
 	// the filters on more.
-	waitFor(t, "the tail following", func() bool {
+	check.That(t, 20*time.Second, "the tail following", func() bool {
 		if _, err := c.Submit(tctx, client.Task{Type: "noop", Resource: "cam1"}); err != nil {
 			t.Fatal(err)
 		}

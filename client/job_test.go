@@ -9,6 +9,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/jobs"
 	"github.com/gantry-dev/gantry/scheduler"
 )
@@ -27,7 +28,7 @@ func TestJobsThroughScheduler(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, s)
-	waitFor(t, "the scheduler leading", func() bool { leading, _ := s.Leading(); return leading })
+	check.That(t, 20*time.Second, "the scheduler leading", func() bool { leading, _ := s.Leading(); return leading })
 
 	info, err := c.AddJob(ctx, client.Job{Name: "tick", Type: "noop", Every: "1h", Overlap: wire.OverlapForbid, Source: wire.JobSourceCLI})
 	if err != nil || info.Name != "tick" || info.NextFire == nil || info.Paused {
@@ -46,7 +47,7 @@ func TestJobsThroughScheduler(t *testing.T) {
 	var run1 client.JobRun
 	// The leader may not know the job yet (not found), nor serve triggers
 	// yet an instant after it leads (unavailable).
-	waitFor(t, "a trigger the scheduler accepts", func() bool {
+	check.That(t, 20*time.Second, "a trigger the scheduler accepts", func() bool {
 		run1, err = c.TriggerJob(ctx, "tick")
 		return !errors.Is(err, client.ErrNotFound) && !errors.Is(err, client.ErrUnavailable)
 	})
@@ -60,7 +61,7 @@ func TestJobsThroughScheduler(t *testing.T) {
 	if _, err := c.TriggerJob(ctx, "nope"); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("TriggerJob(nope) = %v, want ErrNotFound", err)
 	}
-	waitFor(t, "the run recorded", func() bool {
+	check.That(t, 20*time.Second, "the run recorded", func() bool {
 		runs, err := c.JobRuns(ctx, "tick", 0)
 		return err == nil && len(runs) == 1 && runs[0].TaskID == run1.TaskID
 	})

@@ -2,7 +2,6 @@ package client_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -10,7 +9,6 @@ import (
 
 	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/brokertest"
-	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/leaktest"
 	"github.com/gantry-dev/gantry/workers"
 )
@@ -93,16 +91,4 @@ func (b *bundle) startWorkers(t *testing.T, cfg workers.Config, handlers map[str
 		}
 	}
 	run(t, w)
-}
-
-// waitFor polls cond every 20 ms until it holds, failing the test after
-// 20 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	check.For(t, 20*time.Second, 20*time.Millisecond, func() error {
-		if !cond() {
-			return fmt.Errorf("%s = not yet, want it", what)
-		}
-		return nil
-	})
 }

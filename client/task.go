@@ -96,6 +96,20 @@ func (t Task) wire() (wire.Task, error) {
 	return w, nil
 }
 
+// message returns t as the body of its message and the message, addressed
+// to gantry.tasks.<queue>.<type>.
+func (t Task) message() (wire.Task, *nats.Msg, error) {
+	body, err := t.wire()
+	if err != nil {
+		return wire.Task{}, nil, err
+	}
+	msg, err := tasks.NewMsg(t.Queue, t.Type, body)
+	if err != nil {
+		return wire.Task{}, nil, err
+	}
+	return body, msg, nil
+}
+
 // Submit records t as WAITING in gantry_tasks, emits TASK_CREATED and
 // publishes it on gantry.tasks.<queue>.<type>. A task whose key belongs to
 // another task is not published: Submitted names that task. If the publish
@@ -104,11 +118,7 @@ func (t Task) wire() (wire.Task, error) {
 func (c *Client) Submit(ctx context.Context, t Task) (Submitted, error) {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
-	body, err := t.wire()
-	if err != nil {
-		return Submitted{}, err
-	}
-	msg, err := tasks.NewMsg(t.Queue, t.Type, body)
+	body, msg, err := t.message()
 	if err != nil {
 		return Submitted{}, err
 	}
@@ -196,11 +206,7 @@ func (c *Client) Submit(ctx context.Context, t Task) (Submitted, error) {
 func (c *Client) Publish(ctx context.Context, t Task) (Submitted, error) {
 	ctx, cancel := c.bound(ctx)
 	defer cancel()
-	body, err := t.wire()
-	if err != nil {
-		return Submitted{}, err
-	}
-	msg, err := tasks.NewMsg(t.Queue, t.Type, body)
+	body, msg, err := t.message()
 	if err != nil {
 		return Submitted{}, err
 	}

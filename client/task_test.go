@@ -17,6 +17,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/workers"
 )
 
@@ -83,7 +84,7 @@ func TestSubmitWaitRetry(t *testing.T) {
 	}
 	// One TASK_FINISHED per run, numbered.
 	var runs []any
-	waitFor(t, "a TASK_FINISHED for each run of f-1", func() bool {
+	check.That(t, 20*time.Second, "a TASK_FINISHED for each run of f-1", func() bool {
 		runs = finishedRuns(t, b, "f-1")
 		return len(runs) >= 2
 	})
@@ -191,7 +192,7 @@ func TestCancelTask(t *testing.T) {
 	if _, err := c.Submit(ctx, client.Task{Type: "noop", ID: "later", NotBefore: time.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "later WAITING with its message delivered", func() bool {
+	check.That(t, 20*time.Second, "later WAITING with its message delivered", func() bool {
 		rec, err := c.Task(ctx, "later")
 		return err == nil && rec.State == client.TaskWaiting && rec.Delays > 0
 	})
@@ -220,7 +221,7 @@ func TestCancelTask(t *testing.T) {
 	}
 	// The client marks the record CANCELLED at once; the worker that ran
 	// the attempt then records its end, with the attempt counted.
-	waitFor(t, "long's end recorded by its worker, after 1 attempt", func() bool {
+	check.That(t, 20*time.Second, "long's end recorded by its worker, after 1 attempt", func() bool {
 		rec, err := c.Task(ctx, "long")
 		return err == nil && rec.State == client.TaskCancelled && rec.Attempts == 1
 	})
@@ -313,7 +314,7 @@ func TestLargeTaskToReviewAndBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]uint64{wire.ReviewSubject("big-bad"): 1}
-	waitFor(t, "the stream holding only the kept message", func() bool {
+	check.That(t, 20*time.Second, "the stream holding only the kept message", func() bool {
 		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(">"))
 		if err != nil {
 			t.Fatal(err)
@@ -345,7 +346,7 @@ func TestSubmitSaysTheStorageIsFull(t *testing.T) {
 	}
 	free := brokertest.FillDisk(t, small)
 	var sub error
-	waitFor(t, "a submit refused", func() bool {
+	check.That(t, 20*time.Second, "a submit refused", func() bool {
 		sub = submit(strings.Repeat("x", 4000))
 		return sub != nil
 	})
@@ -353,5 +354,5 @@ func TestSubmitSaysTheStorageIsFull(t *testing.T) {
 		t.Errorf("Submit on a full disk = %v, want ErrUnavailable saying the broker's storage is full", sub)
 	}
 	free()
-	waitFor(t, "a submit taken again", func() bool { return submit("") == nil })
+	check.That(t, 20*time.Second, "a submit taken again", func() bool { return submit("") == nil })
 }

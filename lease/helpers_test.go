@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/lease"
 )
 
@@ -75,29 +77,14 @@ func auditEvents(t *testing.T, env *brokertest.Env, typ wire.EventType, resource
 // stored, and returns them.
 func waitEvents(t *testing.T, env *brokertest.Env, typ wire.EventType, resource string, n int) []wire.Event {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		evs := auditEvents(t, env, typ, resource)
-		if len(evs) >= n {
-			return evs
+	var evs []wire.Event
+	check.For(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if evs = auditEvents(t, env, typ, resource); len(evs) < n {
+			return fmt.Errorf("%s events for %s = %d, want at least %d", typ, resource, len(evs), n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s events for %s = %d, want at least %d", typ, resource, len(evs), n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// waitUntil polls cond until it holds or the deadline passes.
-func waitUntil(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return evs
 }
 
 // resourceOf returns the state of resource id.

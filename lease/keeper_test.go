@@ -11,6 +11,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/clock"
 	"github.com/gantry-dev/gantry/internal/lifecycle/lifecycletest"
 	"github.com/gantry-dev/gantry/lease"
@@ -128,7 +129,7 @@ func TestCooldownThenAvailable(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Holder != lease.CooldownOwner("w1") {
 		t.Errorf("Lease during cooldown: err = %v, want a conflict with %s", err, lease.CooldownOwner("w1"))
 	}
-	waitUntil(t, "cam1 back to AVAILABLE after its cooldown", 10*time.Second, func() bool {
+	check.That(t, 10*time.Second, "cam1 back to AVAILABLE after its cooldown", func() bool {
 		return resourceOf(t, r, "cam1").State == wire.ResourceAvailable
 	})
 	if _, err := r.Lease(ctx, "cam1", "w2", 5*time.Second); err != nil {
@@ -202,7 +203,7 @@ func TestReclaimAfterRestart(t *testing.T) {
 		t.Fatalf("cam2 after restart = %s, want RUNNING (as left)", got)
 	}
 	startKeeper(t, env2, lease.KeeperConfig{})
-	waitUntil(t, "cam1 AVAILABLE and cam2 FAULT", 10*time.Second, func() bool {
+	check.That(t, 10*time.Second, "cam1 AVAILABLE and cam2 FAULT", func() bool {
 		return resourceOf(t, r2, "cam1").State == wire.ResourceAvailable && resourceOf(t, r2, "cam2").State == wire.ResourceFault
 	})
 	if res := resourceOf(t, r2, "cam2"); res.LastError == "" || res.LeaseOwner != "" {
@@ -232,7 +233,7 @@ func TestLeaseReclaimsStaleHolder(t *testing.T) {
 	// No keeper runs: the next taker reclaims on its own once the lease
 	// lapsed.
 	var rh2 *lease.ResourceHolder
-	waitUntil(t, "w2 leases cam1 after w1's lease lapsed", 10*time.Second, func() bool {
+	check.That(t, 10*time.Second, "w2 leases cam1 after w1's lease lapsed", func() bool {
 		rh2, err = r.Lease(ctx, "cam1", "w2", 5*time.Second)
 		if err != nil && !errors.Is(err, lease.ErrConflict) {
 			t.Fatal(err)
@@ -272,12 +273,12 @@ func TestKeeperPeriodicScan(t *testing.T) {
 	if _, err := bucket.Put(ctx, "cam1", ghost); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "keeper armed its scan timer", 10*time.Second, func() bool { return clk.Timers() > 0 })
+	check.That(t, 10*time.Second, "keeper armed its scan timer", func() bool { return clk.Timers() > 0 })
 	if got := resourceOf(t, r, "cam1").State; got != wire.ResourceLeased {
 		t.Fatalf("cam1 before the scan = %s, want LEASED", got)
 	}
 	clk.Advance(time.Hour)
-	waitUntil(t, "the scan reclaims cam1", 10*time.Second, func() bool {
+	check.That(t, 10*time.Second, "the scan reclaims cam1", func() bool {
 		return resourceOf(t, r, "cam1").State == wire.ResourceAvailable
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/lease"
 )
@@ -125,7 +126,7 @@ func TestHolderRenewsPastTTL(t *testing.T) {
 		if _, err := l.Acquire(ctx, "cam1", "bob", time.Second); !errors.Is(err, lease.ErrConflict) {
 			t.Fatalf("bob's acquire while alice holds: err = %v, want ErrConflict", err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // the span of several TTLs is what is observed, not a wait
 	}
 	if got := h.Lease().Revision; got <= 1 {
 		t.Errorf("lease revision = %d, want renewals to have moved it", got)
@@ -153,7 +154,7 @@ func TestLapseThenNextContender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "bob gets the lapsed lease", 10*time.Second, func() bool {
+	check.That(t, 10*time.Second, "bob gets the lapsed lease", func() bool {
 		_, err := l.Acquire(ctx, "cam1", "bob", 5*time.Second)
 		if err != nil && !errors.Is(err, lease.ErrConflict) {
 			t.Fatal(err)

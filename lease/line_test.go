@@ -4,16 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
-	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/kv"
 	"github.com/gantry-dev/gantry/lease"
+	"github.com/gantry-dev/gantry/lease/leasetest"
 )
 
 // waited is what a LeaseWait returned.
@@ -32,23 +31,6 @@ func startWaiter(ctx context.Context, r *lease.Resources, id, owner string, opts
 		out <- waited{rh: rh, err: err, at: time.Now()}
 	}()
 	return out
-}
-
-// waitLine polls until n wait in line for id.
-func waitLine(t *testing.T, r *lease.Resources, id string, n int) []wire.Waiter {
-	t.Helper()
-	var line []wire.Waiter
-	check.For(t, 10*time.Second, 10*time.Millisecond, func() error {
-		res, err := r.Get(context.Background(), id)
-		if err != nil {
-			return err
-		}
-		if line = res.Waiters; len(line) != n {
-			return fmt.Errorf("waiting for %s = %d, want %d", id, len(line), n)
-		}
-		return nil
-	})
-	return line
 }
 
 // got waits for a waiter's result.
@@ -79,7 +61,7 @@ func TestLeaseWaitWakesOnRelease(t *testing.T) {
 		defer mu.Unlock()
 		seen = append(seen, s)
 	}})
-	line := waitLine(t, r, "cam1", 1)
+	line := leasetest.WaitLine(t, r, "cam1", 1)
 	if line[0].Owner != "bob" || line[0].Arrived == nil {
 		t.Errorf("line = %+v, want bob with an arrival time", line)
 	}
@@ -150,7 +132,7 @@ func TestLeaseWaitOrder(t *testing.T) {
 			store = newResources(t, env)
 		}
 		c := startWaiter(ctx, store, "cam1", p.owner, lease.WaitOptions{Place: p.place})
-		waitLine(t, r, "cam1", i+1)
+		leasetest.WaitLine(t, r, "cam1", i+1)
 		wg.Go(func() {
 			w := <-c
 			if w.err != nil {
@@ -165,7 +147,7 @@ func TestLeaseWaitOrder(t *testing.T) {
 			}
 		})
 	}
-	line := waitLine(t, r, "cam1", 4)
+	line := leasetest.WaitLine(t, r, "cam1", 4)
 	var owners []string
 	for _, w := range line {
 		owners = append(owners, w.Owner)
@@ -200,8 +182,8 @@ func TestLeaseWaitForEnable(t *testing.T) {
 	var once sync.Once
 	c1 := startWaiter(ctx, r, "cam1", "w1", lease.WaitOptions{OnChange: func(s lease.WaitStatus) { once.Do(func() { first = s }) }})
 	c2 := startWaiter(ctx, r, "cam2", "w2", lease.WaitOptions{})
-	waitLine(t, r, "cam1", 1)
-	waitLine(t, r, "cam2", 1)
+	leasetest.WaitLine(t, r, "cam1", 1)
+	leasetest.WaitLine(t, r, "cam2", 1)
 	if got := resourceOf(t, r, "cam1").State; got != wire.ResourceDisabled {
 		t.Errorf("cam1 state while waited for = %s, want DISABLED (a paused resource is not leased)", got)
 	}
@@ -251,7 +233,7 @@ func TestLeaseWaitTimesOut(t *testing.T) {
 	// A wait cancelled is not a conflict.
 	cctx, cancel := context.WithCancel(ctx)
 	c := startWaiter(cctx, r, "cam1", "carol", lease.WaitOptions{})
-	waitLine(t, r, "cam1", 1)
+	leasetest.WaitLine(t, r, "cam1", 1)
 	cancel()
 	if w := got(t, c, 10*time.Second); !errors.Is(w.err, context.Canceled) || errors.Is(w.err, lease.ErrConflict) {
 		t.Errorf("cancelled LeaseWait = %v, want context.Canceled, not a conflict", w.err)
@@ -307,7 +289,7 @@ func TestLeaseWaitDeadWaiterLapses(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := startWaiter(ctx, r, "cam1", "bob", lease.WaitOptions{})
-	line := waitLine(t, r, "cam1", 2)
+	line := leasetest.WaitLine(t, r, "cam1", 2)
 	if line[0].Owner != "dead" {
 		t.Fatalf("line = %+v, want the dead waiter first", line)
 	}

@@ -3,6 +3,7 @@ package workers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 )
 
 // publishAll publishes n task messages asynchronously on subject, with the
@@ -47,13 +49,12 @@ func publishAll(b *testing.B, js jetstream.JetStream, subject string, n int, hdr
 // waitCount waits until count reaches n.
 func waitCount(b *testing.B, count *atomic.Int64, n int64) {
 	b.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for count.Load() < n {
-		if time.Now().After(deadline) {
-			b.Fatalf("count = %d, want %d within 2m", count.Load(), n)
+	check.For(b, 2*time.Minute, time.Millisecond, func() error {
+		if got := count.Load(); got < n {
+			return fmt.Errorf("count = %d, want %d", got, n)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // rawConsume publishes b.N messages and consumes them with a durable pull

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/proctree"
+	"github.com/gantry-dev/gantry/internal/proctree/proctreetest"
 )
 
 // escapeScript starts a background child, a setsid child and a
@@ -60,7 +61,7 @@ func TestExecLeavesNoProcess(t *testing.T) {
 					b.publish(t, wire.TaskSubject("", "exec"), execTask(id, wire.ExecPayload{
 						Cmd: []string{"sh", "-c", escapeScript}, Env: map[string]string{"PIDS": pidFile, "THEN": tc.then},
 					}, tc.extra))
-					pids := readPids(t, pidFile, 3)
+					pids := proctreetest.ReadPids(t, pidFile, 3)
 					tc.end(t, id)
 					rec := b.waitState(t, id, tc.want, 20*time.Second)
 					if tc.want == wire.TaskSucceeded && (rec.Attempts != 1 || rec.Output != "bye\n") {
@@ -69,7 +70,7 @@ func TestExecLeavesNoProcess(t *testing.T) {
 					if want := map[string]string{"fail": "exit code 3", "timeout": "timed out"}[tc.id]; !strings.Contains(rec.LastError, want) {
 						t.Errorf("last error = %q, want %q", rec.LastError, want)
 					}
-					waitDead(t, pids)
+					proctreetest.WaitDead(t, "the whole tree is killed", pids...)
 				})
 			}
 		})

@@ -3,80 +3,17 @@
 package workers
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gantry-dev/gantry/broker/wire"
-	"github.com/gantry-dev/gantry/internal/check"
+	"github.com/gantry-dev/gantry/internal/proctree/proctreetest"
 )
-
-// alive reports whether pid is a live process (not gone, not a zombie).
-func alive(pid int) bool {
-	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-		return false
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return !os.IsNotExist(err)
-	}
-	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	return len(f) == 0 || f[0] != "Z"
-}
-
-// readPids reads the pids a test script wrote, one a line.
-func readPids(t *testing.T, path string, n int) []int {
-	t.Helper()
-	var pids []int
-	check.For(t, 10*time.Second, 20*time.Millisecond, func() error {
-		data, _ := os.ReadFile(path)
-		pids = pids[:0]
-		for _, f := range strings.Fields(string(data)) {
-			if p, err := strconv.Atoi(f); err == nil {
-				pids = append(pids, p)
-			}
-		}
-		if len(pids) < n {
-			return fmt.Errorf("%s holds %d pids, want %d", path, len(pids), n)
-		}
-		return nil
-	})
-	// Whatever the test finds, it leaves no process behind.
-	t.Cleanup(func() {
-		for _, pid := range pids {
-			if alive(pid) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	})
-	return pids
-}
-
-// waitDead waits until every pid is gone, and kills those that are not.
-func waitDead(t *testing.T, pids []int) {
-	t.Helper()
-	t.Cleanup(func() {
-		for _, pid := range pids {
-			if alive(pid) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	})
-	check.For(t, 10*time.Second, 20*time.Millisecond, func() error {
-		for _, pid := range pids {
-			if alive(pid) {
-				return fmt.Errorf("process %d is alive, want the whole tree killed", pid)
-			}
-		}
-		return nil
-	})
-}
 
 // treeScript starts two background sleeps, writes the pids of the shell and
 // of both sleeps to $PIDS, and waits.
@@ -95,12 +32,12 @@ func TestExecTimeoutKillsTree(t *testing.T) {
 	b.publish(t, wire.TaskSubject("", "exec"), execTask("tree-1", wire.ExecPayload{
 		Cmd: []string{"sh", "-c", treeScript}, Env: map[string]string{"PIDS": pidFile},
 	}, `,"timeout":"1s","max_attempts":1`))
-	pids := readPids(t, pidFile, 3)
+	pids := proctreetest.ReadPids(t, pidFile, 3)
 	rec := b.waitState(t, "tree-1", wire.TaskNeedsReview, 15*time.Second)
 	if !strings.Contains(rec.LastError, "timed out") {
 		t.Errorf("last error = %q, want timed out", rec.LastError)
 	}
-	waitDead(t, pids)
+	proctreetest.WaitDead(t, "the whole tree is killed", pids...)
 }
 
 func TestExecCancelKillsTree(t *testing.T) {
@@ -111,12 +48,12 @@ func TestExecCancelKillsTree(t *testing.T) {
 	b.publish(t, wire.TaskSubject("", "exec"), execTask("tree-2", wire.ExecPayload{
 		Cmd: []string{"sh", "-c", treeScript}, Env: map[string]string{"PIDS": pidFile},
 	}, ""))
-	pids := readPids(t, pidFile, 3)
+	pids := proctreetest.ReadPids(t, pidFile, 3)
 	if err := b.env.NC.Publish(wire.SubjectTaskCancel, cancelRequest(t, "tree-2")); err != nil {
 		t.Fatal(err)
 	}
 	b.waitState(t, "tree-2", wire.TaskCancelled, 15*time.Second)
-	waitDead(t, pids)
+	proctreetest.WaitDead(t, "the whole tree is killed", pids...)
 }
 
 func TestExecExitCodes(t *testing.T) {
@@ -178,7 +115,7 @@ func TestExecBackgroundChildDoesNotHoldTask(t *testing.T) {
 	if rec.Output != "done\n" {
 		t.Errorf("output = %q, want %q", rec.Output, "done\n")
 	}
-	waitDead(t, readPids(t, pidFile, 1))
+	proctreetest.WaitDead(t, "the whole tree is killed", proctreetest.ReadPids(t, pidFile, 1)...)
 }
 
 func TestExecCannotStart(t *testing.T) {

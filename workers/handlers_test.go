@@ -120,7 +120,7 @@ func TestHandlerWithoutHeartbeatsIsWaitedFor(t *testing.T) {
 	b := setup(t)
 	serve(t, b.env.NC, "slow", func(m *nats.Msg) {
 		go func() {
-			time.Sleep(time.Second)
+			time.Sleep(time.Second) // a handler that must be slower than the heartbeat window
 			_ = m.Respond([]byte("done"))
 		}()
 	})

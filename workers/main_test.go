@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/leaktest"
 	"github.com/gantry-dev/gantry/internal/pgtest"
 	"github.com/gantry-dev/gantry/internal/proctree"
@@ -149,19 +151,15 @@ func (b *bundle) publish(t *testing.T, subject string, body any, hdr ...string) 
 // waitState polls the task's record until it is in state.
 func (b *bundle) waitState(t *testing.T, id string, state wire.TaskState, within time.Duration) wire.TaskRecord {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	var last wire.TaskRecord
-	var lastErr error
-	for time.Now().Before(deadline) {
+	var rec wire.TaskRecord
+	check.For(t, within, 20*time.Millisecond, func() error {
 		r, _, err := b.tasks.Get(context.Background(), id)
-		if err == nil && r.State == state {
-			return r
+		if rec = r; err != nil || r.State != state {
+			return fmt.Errorf("task %s: state = %q (err %v, last_error %q), want %s", id, r.State, err, r.LastError, state)
 		}
-		last, lastErr = r, err
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("task %s: state = %q (err %v, last_error %q), want %s within %v", id, last.State, lastErr, last.LastError, state, within)
-	return last
+		return nil
+	})
+	return rec
 }
 
 // eventsOf returns the events of task id of type typ seen so far.
@@ -180,15 +178,14 @@ func (b *bundle) eventsOf(id string, typ wire.EventType) []wire.Event {
 // waitEvents waits for n events of task id of type typ.
 func (b *bundle) waitEvents(t *testing.T, id string, typ wire.EventType, n int, within time.Duration) []wire.Event {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if evs := b.eventsOf(id, typ); len(evs) >= n {
-			return evs
+	var evs []wire.Event
+	check.For(t, within, 20*time.Millisecond, func() error {
+		if evs = b.eventsOf(id, typ); len(evs) < n {
+			return fmt.Errorf("task %s: %d %s events, want %d", id, len(evs), typ, n)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("task %s: %d %s events, want %d within %v", id, len(b.eventsOf(id, typ)), typ, n, within)
-	return nil
+		return nil
+	})
+	return evs
 }
 
 // streamMsgs is how many task messages are left in their queues (the
@@ -229,14 +226,12 @@ func (b *bundle) kept(t *testing.T, rec wire.TaskRecord) *jetstream.RawStreamMsg
 // waitEmpty waits until no task message is left in its queue.
 func (b *bundle) waitEmpty(t *testing.T, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if b.streamMsgs(t) == 0 {
-			return
+	check.For(t, within, 20*time.Millisecond, func() error {
+		if n := b.streamMsgs(t); n != 0 {
+			return fmt.Errorf("stream messages = %d, want 0", n)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("stream messages = %d, want 0 within %v", b.streamMsgs(t), within)
+		return nil
+	})
 }
 
 // payload returns the decoded payload of ev.

@@ -71,22 +71,16 @@ func (r *recorder) wait(t *testing.T, n int) []string {
 func (b *bundle) waitHeld(t *testing.T, queue string, n int) {
 	t.Helper()
 	ctx := context.Background()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	check.For(t, 10*time.Second, 10*time.Millisecond, func() error {
 		cons, err := b.env.JS.Consumer(ctx, wire.StreamTasks, sorterName(queue))
-		if err == nil {
-			info := cons.CachedInfo()
-			if info.NumAckPending == n && info.NumPending == 0 {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("sorter of %s: %d held, %d not delivered; want %d held", queue, info.NumAckPending, info.NumPending, n)
-			}
-		} else if time.Now().After(deadline) {
-			t.Fatal(err)
+		if err != nil {
+			return err
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		if info := cons.CachedInfo(); info.NumAckPending != n || info.NumPending != 0 {
+			return fmt.Errorf("sorter of %s: %d held, %d not delivered; want %d held", queue, info.NumAckPending, info.NumPending, n)
+		}
+		return nil
+	})
 }
 
 // busyUrgent starts workers on a prioritized queue "urgent" of
@@ -190,9 +184,9 @@ func TestPriorityCancelWhileHeld(t *testing.T) {
 		if r, _, err := b.tasks.Get(ctx, id); err != nil || r.State != wire.TaskCancelled {
 			t.Errorf("%s: %v, %v; want CANCELLED", id, r.State, err)
 		}
-		evs := b.waitEvents(t, id, wire.EventTaskFinished, 1, 5*time.Second)
-		time.Sleep(100 * time.Millisecond)
-		if evs = b.eventsOf(id, wire.EventTaskFinished); len(evs) != 1 || payload(t, evs[0])["state"] != string(wire.TaskCancelled) {
+		b.waitEvents(t, id, wire.EventTaskFinished, 1, 5*time.Second)
+		time.Sleep(100 * time.Millisecond) // a span for a second, wrong TASK_FINISHED to show, not a wait
+		if evs := b.eventsOf(id, wire.EventTaskFinished); len(evs) != 1 || payload(t, evs[0])["state"] != string(wire.TaskCancelled) {
 			t.Errorf("%s: TASK_FINISHED %+v, want one, CANCELLED", id, evs)
 		}
 	}
@@ -374,7 +368,8 @@ func TestPrioritySorterConsumerRemovedUnderIt(t *testing.T) {
 	close(rec.release)
 	rec.wait(t, 5)
 	b.waitEmpty(t, 40*time.Second)
-	// A task run twice would show in the order by now.
+	// A task run twice would show in the order by now: a span to observe,
+	// not a wait.
 	time.Sleep(200 * time.Millisecond)
 	got := rec.wait(t, 0)
 	slices.Sort(got)

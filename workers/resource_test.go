@@ -17,6 +17,7 @@ import (
 	"github.com/gantry-dev/gantry/internal/audit"
 	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/lease"
+	"github.com/gantry-dev/gantry/lease/leasetest"
 )
 
 func resources(t *testing.T, b *bundle) *lease.Resources {
@@ -49,7 +50,7 @@ func TestResourceTasksNeverOverlap(t *testing.T) {
 		if r, err := res.Get(ctx, "cam1"); err == nil {
 			states.Store(string(r.State))
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // a slow handler: runs on one resource must overlap if the lease fails
 		return nil
 	})
 	cfg := Config{BusyDelay: 50 * time.Millisecond, Policy: Policy{Delay: 200 * time.Millisecond}}
@@ -96,7 +97,7 @@ func TestResourceFault(t *testing.T) {
 	b.publish(t, wire.TaskSubject("", "print"), `{"id":"pr1","resource":"printer"}`)
 	// The retry finds the resource in FAULT: it waits in line, and an
 	// operator's enable wakes it.
-	line := waitLine(t, res, "printer", 1)
+	line := leasetest.WaitLine(t, res, "printer", 1)
 	if line[0].TaskID != "pr1" {
 		t.Errorf("line = %+v, want pr1", line)
 	}
@@ -117,23 +118,6 @@ func TestResourceFault(t *testing.T) {
 	if got, _ := env.Load().(string); got != "printer" {
 		t.Errorf("Task.Resource = %q, want printer", got)
 	}
-}
-
-// waitLine polls until n tasks wait in line for resource id.
-func waitLine(t *testing.T, res *lease.Resources, id string, n int) []wire.Waiter {
-	t.Helper()
-	var line []wire.Waiter
-	check.For(t, 20*time.Second, 10*time.Millisecond, func() error {
-		r, err := res.Get(context.Background(), id)
-		if err != nil {
-			return err
-		}
-		if line = r.Waiters; len(line) != n {
-			return fmt.Errorf("waiting for %s = %d, want %d", id, len(line), n)
-		}
-		return nil
-	})
-	return line
 }
 
 func resourceState(t *testing.T, res *lease.Resources, id string) lease.Resource {
@@ -243,7 +227,7 @@ func TestResourceWaitOrder(t *testing.T) {
 			for _, body := range tc.bodies {
 				b.publish(t, wire.TaskSubject("", "snap"), body)
 			}
-			line := waitLine(t, res, "cam", 3)
+			line := leasetest.WaitLine(t, res, "cam", 3)
 			var ids []string
 			for _, w := range line {
 				ids = append(ids, w.TaskID)
@@ -340,7 +324,7 @@ func TestResourceWaitEndedMeanwhile(t *testing.T) {
 	ackWait := 300 * time.Millisecond
 	b.start(t, Config{Queues: []Queue{{Name: wire.DefaultQueue, AckWait: ackWait}}}, map[string]Handler{"snap": h})
 	b.publish(t, wire.TaskSubject("", "snap"), `{"id":"m1","resource":"cam"}`)
-	waitLine(t, res, "cam", 1)
+	leasetest.WaitLine(t, res, "cam", 1)
 	joined := time.Now()
 	rec := b.waitState(t, "m1", wire.TaskWaiting, 10*time.Second)
 	// Another delivery of m1 ran it meanwhile.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	"github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/tasks"
 )
 
@@ -45,23 +46,22 @@ func TestPlainPublishRuns(t *testing.T) {
 // waitEventsAny waits for n events of type typ of any task.
 func (b *bundle) waitEventsAny(t *testing.T, typ wire.EventType, n int, within time.Duration) []wire.Event {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
+	var out []wire.Event
+	check.For(t, within, 20*time.Millisecond, func() error {
 		b.mu.Lock()
-		var out []wire.Event
+		defer b.mu.Unlock()
+		out = out[:0]
 		for _, ev := range b.events {
 			if ev.Type == typ {
 				out = append(out, ev)
 			}
 		}
-		b.mu.Unlock()
-		if len(out) >= n {
-			return out
+		if len(out) < n {
+			return fmt.Errorf("%d %s events, want %d", len(out), typ, n)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("want %d %s events within %v", n, typ, within)
-	return nil
+		return nil
+	})
+	return out
 }
 
 // counter is a handler that counts its runs and fails the first fails.
@@ -303,13 +303,16 @@ func TestCancelRunning(t *testing.T) {
 	b.start(t, Config{}, nil)
 	b.publish(t, wire.TaskSubject("", "noop"), `{"id":"c1","payload":{"sleep":"1m"}}`)
 	b.waitEvents(t, "c1", wire.EventTaskStarted, 1, 10*time.Second)
-	deadline := time.Now().Add(10 * time.Second)
-	for len(b.eventsOf("c1", wire.EventTaskFinished)) == 0 && time.Now().Before(deadline) {
+	// The cancel is published again until the task finishes.
+	check.For(t, 10*time.Second, 100*time.Millisecond, func() error {
 		if err := b.env.NC.Publish(wire.SubjectTaskCancel, cancelRequest(t, "c1")); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		if len(b.eventsOf("c1", wire.EventTaskFinished)) == 0 {
+			return errors.New("c1 not finished after its cancel")
+		}
+		return nil
+	})
 	rec := b.waitState(t, "c1", wire.TaskCancelled, 5*time.Second)
 	if rec.Attempts != 1 {
 		t.Errorf("attempts = %d, want 1", rec.Attempts)
@@ -364,7 +367,7 @@ func TestTypeConcurrency(t *testing.T) {
 		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 		}
 		runs.Add(1)
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // a slow handler: its runs must overlap if the limit fails
 		return nil
 	})
 	cfg := Config{Queues: []Queue{{Name: "lim", Concurrency: 8, Types: map[string]Type{"slow": {Concurrency: 1}}}}}
@@ -420,19 +423,14 @@ func TestTaskRetention(t *testing.T) {
 	// The ended records go; once the last one, written after the review
 	// queue, is gone, the review queue is past the retention too and must
 	// still be there.
-	deadline := time.Now().Add(15 * time.Second)
-	for _, id := range []string{"ok", "cancelled", "last"} {
-		for {
-			_, _, err := b.tasks.Get(context.Background(), id)
-			if errors.Is(err, tasks.ErrNotFound) {
-				break
+	check.For(t, 15*time.Second, 50*time.Millisecond, func() error {
+		for _, id := range []string{"ok", "cancelled", "last"} {
+			if _, _, err := b.tasks.Get(context.Background(), id); !errors.Is(err, tasks.ErrNotFound) {
+				return fmt.Errorf("record of %s: Get = %v after it ended, want ErrTaskNotFound", id, err)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("record of %s: Get = %v 15s after it ended, want ErrTaskNotFound", id, err)
-			}
-			time.Sleep(50 * time.Millisecond)
 		}
-	}
+		return nil
+	})
 	for _, id := range []string{"failed", "stuck"} {
 		if rec, _, err := b.tasks.Get(context.Background(), id); err != nil || rec.State != wire.TaskNeedsReview {
 			t.Errorf("record of %s = %s, %v; want NEEDS_REVIEW kept", id, rec.State, err)

@@ -19,6 +19,7 @@ import (
 	"github.com/gantry-dev/gantry/auditd"
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/rpc"
 )
 
@@ -70,17 +71,16 @@ func queryJSON(t *testing.T, url string, args ...string) (wire.AuditPage, int, s
 
 func waitQuery(t *testing.T, url string, n int, args ...string) wire.AuditPage {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		page, code, stderr := queryJSON(t, url, args...)
-		if code == exitOK && len(page.Events) == n {
-			return page
+	var page wire.AuditPage
+	poll.For(t, 20*time.Second, 50*time.Millisecond, func() error {
+		var code int
+		var stderr string
+		if page, code, stderr = queryJSON(t, url, args...); code != exitOK || len(page.Events) != n {
+			return fmt.Errorf("audit query %v: exit %d, %d events, stderr %q; want %d events", args, code, len(page.Events), stderr, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("audit query %v: exit %d, %d events, stderr %q; want %d events", args, code, len(page.Events), stderr, n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	return page
 }
 
 func TestAuditQueryAndBackupThroughRun(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/config"
 )
 
@@ -125,7 +126,7 @@ func TestRolesRunComponents(t *testing.T) {
 	if code, _, stderr := runInProcess(t, "--server", url, "--nkey", seed, "task", "ls"); code != exitOK {
 		t.Errorf("task ls as an nkey viewer = exit %d, stderr %q", code, stderr)
 	}
-	checkFor(t, 10*time.Second, func() error {
+	poll.For(t, 10*time.Second, 50*time.Millisecond, func() error {
 		out := mustRun("viewer", "audit", "query", "--type", "JOB_FIRED", "--json")
 		if !strings.Contains(out, "tick") {
 			return errors.New("no JOB_FIRED event of tick in the audit store")

@@ -18,6 +18,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 )
 
 // cluster is three 'gantry broker' processes forming one JetStream cluster.
@@ -133,19 +134,19 @@ func TestClusterFailover(t *testing.T) {
 				key := fmt.Sprintf("op-%d", i)
 				task := client.Task{Type: "exec", Key: key, Payload: client.ExecPayload{
 					Cmd: []string{"sh", "-c", "echo \"$GANTRY_TASK_ID attempt $GANTRY_ATTEMPT\" >> " + filepath.Join(out, key)}}}
-				for attempt := 0; ; attempt++ {
+				// The submit retries while the stream leader moves.
+				err := poll.Until(time.Minute, 100*time.Millisecond, func() error {
 					sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+					defer scancel()
 					sub, err := cl.Submit(sctx, task)
-					scancel()
 					if err == nil {
 						submitted.Store(key, sub.ID)
-						break
 					}
-					if attempt == 20 || ctx.Err() != nil {
-						t.Errorf("submit %s: %v", key, err)
-						return
-					}
-					time.Sleep(100 * time.Millisecond)
+					return err
+				})
+				if err != nil {
+					t.Errorf("submit %s: %v", key, err)
+					return
 				}
 			}
 		}()
@@ -161,7 +162,7 @@ func TestClusterFailover(t *testing.T) {
 			<-worker.done
 		}
 	})
-	checkFor(t, 90*time.Second, func() error {
+	poll.For(t, 90*time.Second, 50*time.Millisecond, func() error {
 		recs, err := cl.Tasks(ctx, client.TaskFilter{Type: "exec"})
 		if err != nil {
 			return err
@@ -198,7 +199,7 @@ func TestClusterFailover(t *testing.T) {
 
 	// The killed broker rejoins and catches up.
 	c.restart(t, victim)
-	checkFor(t, 30*time.Second, func() error {
+	poll.For(t, 30*time.Second, 50*time.Millisecond, func() error {
 		for _, name := range names {
 			s, err := js.Stream(ctx, name)
 			if err != nil {
@@ -221,7 +222,7 @@ func TestClusterFailover(t *testing.T) {
 	sched.stop(t)
 	worker.stop(t)
 	produced := streamEventIDs(t, ctx, js)
-	checkFor(t, 30*time.Second, func() error {
+	poll.For(t, 30*time.Second, 50*time.Millisecond, func() error {
 		stored, err := storedEventIDs(ctx, cl)
 		if err != nil {
 			return err

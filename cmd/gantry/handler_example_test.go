@@ -18,6 +18,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 )
 
 // nodeExampleDir holds the Node handler example that docs/tasks.md shows.
@@ -122,7 +123,7 @@ func (l *testLog) Write(p []byte) (int, error) {
 func startHandler(t *testing.T, node, url string) *nodeProc {
 	t.Helper()
 	h := startNode(t, node, url, "handler.mjs")
-	waitUntil(t, "handler.mjs to print ready", func() bool { return strings.HasPrefix(h.stdout(), "ready\n") })
+	poll.That(t, 20*time.Second, "handler.mjs to print ready", func() bool { return strings.HasPrefix(h.stdout(), "ready\n") })
 	return h
 }
 
@@ -203,7 +204,7 @@ func TestNodeHandlerKilledAndRestarted(t *testing.T) {
 	}
 	const n = 12
 	s := startNode(t, node, url, "submit.mjs", fmt.Sprint(n), "node-kill", "20", "150")
-	waitUntil(t, "every task to be in the handler's hands", func() bool {
+	poll.That(t, 20*time.Second, "every task to be in the handler's hands", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(progressed) == n
@@ -214,7 +215,7 @@ func TestNodeHandlerKilledAndRestarted(t *testing.T) {
 	h.wait(t, 10*time.Second)
 	killedAt := time.Now()
 	// Tasks find no handler for a moment.
-	waitUntil(t, "a task to wait for a handler", func() bool {
+	poll.That(t, 20*time.Second, "a task to wait for a handler", func() bool {
 		page, _, _ := queryJSON(t, url, "--type", string(wire.EventRetryScheduled), "--limit", "1000")
 		for _, ev := range page.Events {
 			if strings.Contains(ev.Message, "no handler answered") {

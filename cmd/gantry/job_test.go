@@ -13,6 +13,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 )
 
 // jobCLI runs `gantry ARGS --server url`.
@@ -50,17 +51,6 @@ func streamMsgs(t *testing.T, js jetstream.JetStream, stream, subject string) []
 	return out
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func TestJobCommandsWithSchedulerProcess(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
@@ -75,7 +65,7 @@ func TestJobCommandsWithSchedulerProcess(t *testing.T) {
 	if code, _, stderr := jobCLI(t, url, "job", "add", "two", "--type", "noop", "--every", "1m", "--at", "2030-01-01 00:00"); code != exitUsage || !strings.Contains(stderr, "exactly one") {
 		t.Errorf("job add with two triggers = exit %d, stderr %q, want 2", code, stderr)
 	}
-	waitUntil(t, "CONFIG_REJECTED for the bad job", func() bool {
+	poll.That(t, 20*time.Second, "CONFIG_REJECTED for the bad job", func() bool {
 		return len(streamMsgs(t, env.JS, wire.StreamAudit, wire.EventConfigRejected.Subject())) >= 2
 	})
 
@@ -97,14 +87,14 @@ func TestJobCommandsWithSchedulerProcess(t *testing.T) {
 
 	// The scheduler fires tick once; with overlap forbid and no worker to
 	// finish it, later planned times are skipped.
-	waitUntil(t, "a tick task", func() bool {
+	poll.That(t, 20*time.Second, "a tick task", func() bool {
 		return len(streamMsgs(t, env.JS, wire.StreamTasks, "gantry.tasks.default.noop")) >= 1
 	})
-	waitUntil(t, "an overlap skip", func() bool {
+	poll.That(t, 20*time.Second, "an overlap skip", func() bool {
 		return len(streamMsgs(t, env.JS, wire.StreamAudit, wire.EventJobSkipped.Subject())) >= 1
 	})
 	var runs []wire.JobRun
-	waitUntil(t, "the run in the history", func() bool {
+	poll.That(t, 20*time.Second, "the run in the history", func() bool {
 		code, out, _ := jobCLI(t, url, "job", "runs", "tick", "--json")
 		return code == exitOK && json.Unmarshal([]byte(out), &runs) == nil && len(runs) == 1
 	})
@@ -183,7 +173,7 @@ jobs:
 	}
 	// Workers in the same process may take the task at once, so look for
 	// the fire in the run history, not in the work-queue stream.
-	waitUntil(t, "a run of beat", func() bool {
+	poll.That(t, 20*time.Second, "a run of beat", func() bool {
 		code, out, _ := jobCLI(t, ready.NATS, "job", "runs", "beat", "--json")
 		var runs []wire.JobRun
 		return code == exitOK && json.Unmarshal([]byte(out), &runs) == nil && len(runs) > 0 && runs[0].Job == "beat"

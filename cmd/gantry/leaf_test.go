@@ -15,6 +15,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 )
 
 // TestLeafOffline runs a desktop ('gantry run --leaf') attached to a hub
@@ -87,7 +88,7 @@ func TestLeafOffline(t *testing.T) {
 		t.Fatal(err)
 	}
 	local := streamEventIDs(t, ctx, deskJS)
-	checkFor(t, 60*time.Second, func() error {
+	poll.For(t, 60*time.Second, 50*time.Millisecond, func() error {
 		stored, err := storedEventIDs(ctx, hc)
 		if err != nil {
 			return err
@@ -177,10 +178,10 @@ func TestComponentsReconnect(t *testing.T) {
 			return nil
 		}
 	}
-	checkFor(t, 10*time.Second, allStatus(http.StatusOK))
+	poll.For(t, 10*time.Second, 50*time.Millisecond, allStatus(http.StatusOK))
 
 	brk.stop(t)
-	checkFor(t, 10*time.Second, allStatus(http.StatusServiceUnavailable))
+	poll.For(t, 10*time.Second, 50*time.Millisecond, allStatus(http.StatusServiceUnavailable))
 	for _, p := range comps {
 		if len(p.logged("broker connection lost")) == 0 {
 			t.Errorf("%s did not log its disconnect", p.name)
@@ -189,7 +190,7 @@ func TestComponentsReconnect(t *testing.T) {
 
 	brk = spawn(t, "broker'", brokerArgs...)
 	brk.waitReady(t, 30*time.Second)
-	checkFor(t, 20*time.Second, allStatus(http.StatusOK))
+	poll.For(t, 20*time.Second, 50*time.Millisecond, allStatus(http.StatusOK))
 	for _, p := range comps {
 		if len(p.logged("broker connection back")) == 0 {
 			t.Errorf("%s did not log its reconnect", p.name)

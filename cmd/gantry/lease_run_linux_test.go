@@ -12,6 +12,7 @@ import (
 
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	poll "github.com/gantry-dev/gantry/internal/check"
+	"github.com/gantry-dev/gantry/internal/proctree/proctreetest"
 )
 
 // TestKilledLeaseRunTakesCommand: lease run killed with SIGKILL takes its
@@ -23,14 +24,14 @@ func TestKilledLeaseRunTakesCommand(t *testing.T) {
 	pidFile, started := filepath.Join(dir, "pid"), filepath.Join(dir, "started")
 	c, _ := startLeaseRun(t, env.URL, "cam1", "--",
 		"sh", "-c", `echo $$ > "$1"; touch "$2"; exec sleep 300`, "sh", pidFile, started)
-	waitFile(t, started)
+	proctreetest.WaitFile(t, started)
 	pid := readPID(t, pidFile)
 	// Not c.Wait: it also waits for the output pipe, which the command
 	// holds if it survives.
 	if err := c.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	waitDead(t, pid, "lease run's command outlived lease run killed with SIGKILL")
+	proctreetest.WaitDead(t, "lease run's command outlived lease run killed with SIGKILL", pid)
 }
 
 // TestLeaseRunKillsEscapees: what CMD started is killed when CMD ends,
@@ -59,7 +60,7 @@ while [ "$(cat "$1" 2>/dev/null | wc -l)" -lt 3 ]; do sleep 0.01; done`, "sh", p
 	}
 	poll.For(t, 10*time.Second, 20*time.Millisecond, func() error {
 		for _, pid := range pids {
-			if alive(pid) {
+			if proctreetest.Alive(pid) {
 				return fmt.Errorf("process %d that CMD started is alive after lease run exited, want it killed", pid)
 			}
 		}

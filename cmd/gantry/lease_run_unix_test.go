@@ -21,22 +21,8 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	poll "github.com/gantry-dev/gantry/internal/check"
+	"github.com/gantry-dev/gantry/internal/proctree/proctreetest"
 )
-
-// waitFile polls until path exists.
-func waitFile(t *testing.T, path string) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not created within 20s", path)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // startLeaseRun starts `gantry lease run` as a child process.
 func startLeaseRun(t *testing.T, url string, args ...string) (*exec.Cmd, *bytes.Buffer) {
@@ -56,20 +42,6 @@ func startLeaseRun(t *testing.T, url string, args ...string) (*exec.Cmd, *bytes.
 	return c, &out
 }
 
-// alive reports whether pid is a live (not zombie) process.
-func alive(pid int) bool {
-	if syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	// The state follows the ") " that ends the command name.
-	i := bytes.LastIndex(stat, []byte(") "))
-	return i < 0 || stat[i+2] != 'Z'
-}
-
 // readPID reads the process id a command wrote into path.
 func readPID(t *testing.T, path string) int {
 	t.Helper()
@@ -84,20 +56,6 @@ func readPID(t *testing.T, path string) int {
 	return pid
 }
 
-// waitDead polls until pid is gone; if it outlives the deadline, it is
-// killed and the test fails saying why it should have died.
-func waitDead(t *testing.T, pid int, why string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for alive(pid) {
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("process %d still alive 10s later: %s", pid, why)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestLeaseRunHoldsPastTTL(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
@@ -105,7 +63,7 @@ func TestLeaseRunHoldsPastTTL(t *testing.T) {
 	started, stop := filepath.Join(dir, "started"), filepath.Join(dir, "stop")
 	c, out := startLeaseRun(t, env.URL, "cam1", "--owner", "runner", "--ttl", "1s", "--",
 		"sh", "-c", `[ "$GANTRY_RESOURCE" = cam1 ] && touch "$1"; while [ ! -f "$2" ]; do sleep 0.05; done`, "sh", started, stop)
-	waitFile(t, started)
+	proctreetest.WaitFile(t, started)
 	// Three TTLs: the lease stays the runner's all along.
 	end := time.Now().Add(3 * time.Second)
 	for time.Now().Before(end) {
@@ -113,7 +71,7 @@ func TestLeaseRunHoldsPastTTL(t *testing.T) {
 		if code != exitConflict || !strings.Contains(errs, "held by runner") {
 			t.Fatalf("acquire while lease run holds = %d %q, want 3 naming runner", code, errs)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the span of three TTLs is what is observed, not a wait
 	}
 	if err := os.WriteFile(stop, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -165,7 +123,7 @@ func TestLeaseRunLostKillsTree(t *testing.T) {
 	pidFile, started := filepath.Join(dir, "pid"), filepath.Join(dir, "started")
 	c, out := startLeaseRun(t, env.URL, "cam1", "--ttl", "1s", "--",
 		"sh", "-c", `sleep 300 & echo $! > "$1"; touch "$2"; wait`, "sh", pidFile, started)
-	waitFile(t, started)
+	proctreetest.WaitFile(t, started)
 	grandchild := readPID(t, pidFile)
 	// Someone purges the lease: the next renewal finds it lost.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -180,7 +138,7 @@ func TestLeaseRunLostKillsTree(t *testing.T) {
 	if code := exitOf(t, c); code != exitLeaseLost || !strings.Contains(out.String(), "lost") {
 		t.Errorf("lease run after losing its lease = exit %d (%s), want %d saying lost", code, out, exitLeaseLost)
 	}
-	waitDead(t, grandchild, "the command's child survived the lost lease")
+	proctreetest.WaitDead(t, "the command's child survived the lost lease", grandchild)
 }
 
 // TestLeaseRunLostWhileStopped: gantry itself is stopped (SIGSTOP) past
@@ -200,7 +158,7 @@ func TestLeaseRunLostWhileStopped(t *testing.T) {
 			c, out := startLeaseRun(t, env.URL, "cam1", "--owner", "runner", "--ttl", "1s", "--", "sh", "-c",
 				`echo $$ > "$2"; echo "$GANTRY_LEASE_REVISION" > "$1.tmp" && mv "$1.tmp" "$1"; while [ ! -f "$3" ]; do sleep 0.05; done`,
 				"sh", rev, pid, stop)
-			waitFile(t, rev)
+			proctreetest.WaitFile(t, rev)
 			token := readPID(t, rev)
 			if err := syscall.Kill(c.Process.Pid, syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
@@ -229,13 +187,13 @@ func TestLeaseRunLostWhileStopped(t *testing.T) {
 				if err := os.WriteFile(stop, nil, 0o600); err != nil {
 					t.Fatal(err)
 				}
-				waitDead(t, cmdPID, "the command did not end")
+				proctreetest.WaitDead(t, "the command did not end", cmdPID)
 			}
 			resume()
 			if code := exitOf(t, c); code != exitLeaseLost || !strings.Contains(out.String(), "lost") {
 				t.Errorf("lease run that lost its lease while stopped = exit %d (%s), want %d saying lost", code, out, exitLeaseLost)
 			}
-			waitDead(t, cmdPID, "the command outlived the lost lease")
+			proctreetest.WaitDead(t, "the command outlived the lost lease", cmdPID)
 		})
 	}
 }
@@ -249,7 +207,7 @@ func TestLeaseRunKillsLeftovers(t *testing.T) {
 	if code := exitOf(t, c); code != 0 {
 		t.Fatalf("lease run = exit %d (%s), want 0", code, out)
 	}
-	waitDead(t, readPID(t, pidFile), "a process the command left behind outlived the lease")
+	proctreetest.WaitDead(t, "a process the command left behind outlived the lease", readPID(t, pidFile))
 }
 
 func TestLeaseRunForwardsSIGTERM(t *testing.T) {
@@ -258,7 +216,7 @@ func TestLeaseRunForwardsSIGTERM(t *testing.T) {
 	started := filepath.Join(t.TempDir(), "started")
 	c, out := startLeaseRun(t, env.URL, "cam1", "--",
 		"sh", "-c", `trap 'exit 42' TERM; touch "$1"; while :; do sleep 0.05; done`, "sh", started)
-	waitFile(t, started)
+	proctreetest.WaitFile(t, started)
 	if err := c.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +240,7 @@ func TestRunReclaimsAfterRestart(t *testing.T) {
 	g, ready := startGantry(t, args...)
 	pidFile, started := filepath.Join(dir, "pid"), filepath.Join(dir, "started")
 	c, _ := startLeaseRun(t, ready.NATS, "cam1", "--ttl", "1s", "--", "sh", "-c", `echo $$ > "$1"; touch "$2"; sleep 300`, "sh", pidFile, started)
-	waitFile(t, started)
+	proctreetest.WaitFile(t, started)
 	if code, out, _ := leaseCLI(t, ready.NATS, "resource", "get", "cam1", "--json"); !strings.Contains(out, `"state": "RUNNING"`) {
 		t.Fatalf("resource under lease run = %d %q, want RUNNING", code, out)
 	}
@@ -300,17 +258,13 @@ func TestRunReclaimsAfterRestart(t *testing.T) {
 	}
 	// gantry restarts: its keeper finds cam1 RUNNING without a lease.
 	_, ready = startGantry(t, args...)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	poll.For(t, 15*time.Second, 100*time.Millisecond, func() error {
 		_, out, _ := leaseCLI(t, ready.NATS, "resource", "get", "cam1", "--json")
-		if strings.Contains(out, `"state": "FAULT"`) && strings.Contains(out, "lost while RUNNING") {
-			break
+		if !strings.Contains(out, `"state": "FAULT"`) || !strings.Contains(out, "lost while RUNNING") {
+			return fmt.Errorf("resource after restart = %q, want FAULT (reclaim policy fault) with the reason", out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("resource after restart = %q, want FAULT (reclaim policy fault) with the reason", out)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // resourceMoves returns the moves (the messages of the

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 )
 
 // A prioritized queue, end to end: tasks submitted while its one slot is
@@ -40,17 +42,16 @@ func TestPrioritizedQueue(t *testing.T) {
 	_, js := brokertest.Connect(t, url)
 	held := func(n int) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		poll.For(t, 10*time.Second, 20*time.Millisecond, func() error {
 			cons, err := js.Consumer(context.Background(), wire.StreamTasks, "gantry-sorter-urgent")
-			if err == nil && cons.CachedInfo().NumAckPending == n && cons.CachedInfo().NumPending == 0 {
-				return
+			if err != nil {
+				return err
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the sorter does not hold %d tasks (%v)", n, err)
+			if info := cons.CachedInfo(); info.NumAckPending != n || info.NumPending != 0 {
+				return fmt.Errorf("the sorter holds %d tasks (%d pending), want %d", info.NumAckPending, info.NumPending, n)
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	// moved goes ahead to gantry.ready at once; the other three wait in
 	// the sorter.
@@ -69,6 +70,8 @@ func TestPrioritizedQueue(t *testing.T) {
 			t.Fatalf("task cancel %s = exit %d (%s)", id, code, stderr)
 		}
 	}
+	// The 1 s retention must run out while they wait: a span of time to
+	// pass, not a wait for something.
 	time.Sleep(2 * time.Second)
 	if err := os.WriteFile(release, nil, 0o600); err != nil {
 		t.Fatal(err)

@@ -109,22 +109,5 @@ func (p *proc) logged(s string) []string {
 	return out
 }
 
-// checkFor polls f until it returns nil, or fails the test with f's last
-// error after d.
-func checkFor(t testing.TB, d time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", d, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // addr formats a loopback host:port.
 func addr(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/proxytest"
 )
 
@@ -127,17 +128,12 @@ func TestHTTPTaskRouteAuto(t *testing.T) {
 	if ev := fin.wait(t, "through-dying"); state(t, ev) == "SUCCEEDED" {
 		t.Fatalf("task through a closed proxy = %s, want a failure", state(t, ev))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		d := waitChecked(t, url, 3)["dying"]
-		if d["consecutive_failures"].(float64) >= 1 && d["last_error_kind"] == "refused" {
-			break
+	poll.For(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if d := waitChecked(t, url, 3)["dying"]; d["consecutive_failures"].(float64) < 1 || d["last_error_kind"] != "refused" {
+			return fmt.Errorf("dying = %v, want the failed request counted (refused)", d)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dying = %v, want the failed request counted (refused)", d)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 
 	target := strings.TrimPrefix(taskSite.URL, "http://")
 	for i := range 3 {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/proxytest"
 )
 
@@ -54,9 +55,9 @@ func routeLs(t *testing.T, url string) []map[string]any {
 // waitChecked polls `gantry route ls` until n routes have been checked.
 func waitChecked(t *testing.T, url string, n int) map[string]map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		byID := map[string]map[string]any{}
+	var byID map[string]map[string]any
+	poll.For(t, 20*time.Second, 50*time.Millisecond, func() error {
+		byID = map[string]map[string]any{}
 		checked := 0
 		for _, r := range routeLs(t, url) {
 			byID[r["id"].(string)] = r
@@ -64,14 +65,12 @@ func waitChecked(t *testing.T, url string, n int) map[string]map[string]any {
 				checked++
 			}
 		}
-		if checked >= n {
-			return byID
+		if checked < n {
+			return fmt.Errorf("routes checked = %d, want %d: %v", checked, n, byID)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("routes checked = %d, want %d: %v", checked, n, byID)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	return byID
 }
 
 func TestHealthdAndRouteCommands(t *testing.T) {

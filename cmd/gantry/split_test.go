@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	poll "github.com/gantry-dev/gantry/internal/check"
 )
 
 // logWatch follows the JSON log of a gantry child process.
@@ -57,9 +60,10 @@ func watchGantry(t *testing.T, args ...string) *logWatch {
 // shows up, and returns it.
 func (w *logWatch) wait(t *testing.T, within time.Duration, msg string, attrs ...string) map[string]any {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	var found map[string]any
+	poll.For(t, within, 20*time.Millisecond, func() error {
 		w.mu.Lock()
+		defer w.mu.Unlock()
 		for _, l := range w.lines {
 			if l["msg"] != msg {
 				continue
@@ -69,17 +73,13 @@ func (w *logWatch) wait(t *testing.T, within time.Duration, msg string, attrs ..
 				ok = ok && l[attrs[i]] == attrs[i+1]
 			}
 			if ok {
-				w.mu.Unlock()
-				return l
+				found = l
+				return nil
 			}
 		}
-		n := len(w.lines)
-		w.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line %q %v within %v (%d lines)", msg, attrs, within, n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("no log line %q %v (%d lines)", msg, attrs, len(w.lines))
+	})
+	return found
 }
 
 // TestSplitComponents runs the system as on several machines: a worker
@@ -104,17 +104,12 @@ func TestSplitComponents(t *testing.T) {
 	broker.wait(t, time.Second, "config section not used by this command", "section", "resources", "used_by", "gantry worker (its keeper registers them)")
 	worker.wait(t, 15*time.Second, readyMsg)
 
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, out, _ := runBinary(t, "resource", "ls", "--server", url)
-		if strings.Contains(out, "cam7") {
-			break
+	poll.For(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if _, out, _ := runBinary(t, "resource", "ls", "--server", url); !strings.Contains(out, "cam7") {
+			return fmt.Errorf("resource ls = %q, want cam7 registered by the worker's keeper", out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("resource ls = %q, want cam7 registered by the worker's keeper", out)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 
 	// A broker outage: the worker says it lost the broker, and that it is
 	// back, naming it.

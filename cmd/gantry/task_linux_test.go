@@ -15,6 +15,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	poll "github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/proctree"
+	"github.com/gantry-dev/gantry/internal/proctree/proctreetest"
 )
 
 // TestKilledWorkerLeavesNoChild: a worker killed with SIGKILL takes its exec
@@ -31,33 +32,12 @@ func TestKilledWorkerLeavesNoChild(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("submit = exit %d (%s)", code, stderr)
 	}
-	var pid int
-	deadline := time.Now().Add(10 * time.Second)
-	for pid == 0 && time.Now().Before(deadline) {
-		data, _ := os.ReadFile(pidFile)
-		pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
-		time.Sleep(20 * time.Millisecond)
-	}
-	if pid == 0 {
-		t.Fatal("exec task did not start within 10s")
-	}
+	pid := proctreetest.ReadPids(t, pidFile, 1)[0]
 	if err := w.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	_ = w.Wait()
-	deadline = time.Now().Add(10 * time.Second)
-	for {
-		err := syscall.Kill(pid, 0)
-		stat, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if errors.Is(err, syscall.ESRCH) || strings.Contains(string(stat), ") Z ") {
-			break
-		}
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("exec child %d alive 10s after its worker was killed", pid)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	proctreetest.WaitDead(t, "the exec child outlived its killed worker", pid)
 }
 
 // escapeScript starts a background child, a setsid child and a
@@ -135,7 +115,7 @@ func TestWorkerSIGTERMLeavesNoProcess(t *testing.T) {
 			}
 			poll.For(t, 10*time.Second, 20*time.Millisecond, func() error {
 				for _, pid := range pids {
-					if alive(pid) {
+					if proctreetest.Alive(pid) {
 						return fmt.Errorf("process %d of the task is alive after its worker stopped, want the whole tree gone", pid)
 					}
 				}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 )
 
 func TestTaskLogsCommand(t *testing.T) {
@@ -25,14 +26,14 @@ func TestTaskLogsCommand(t *testing.T) {
 	if code, _, stderr := runInProcess(t, "submit", "exec", "--id", "logs-1", "--payload", string(payload), "--server", url); code != exitOK {
 		t.Fatalf("submit = exit %d (%s)", code, stderr)
 	}
-	waitUntil(t, "the task to start", func() bool {
+	poll.That(t, 20*time.Second, "the task to start", func() bool {
 		_, err := os.Stat(started)
 		return err == nil
 	})
 
 	// While it runs: its lines so far, stderr's on stderr, redacted.
 	var last string
-	waitUntil(t, "task logs of the running task", func() bool {
+	poll.That(t, 20*time.Second, "task logs of the running task", func() bool {
 		code, out, stderr := runInProcess(t, "task", "logs", "logs-1", "--server", url)
 		last = fmt.Sprintf("exit %d, %q, stderr %q", code, out, stderr)
 		return code == exitOK && out == "one\npassword=[REDACTED]\n" && stderr == "oops\n"
@@ -47,7 +48,7 @@ func TestTaskLogsCommand(t *testing.T) {
 	go func() {
 		done <- Run(ctx, []string{"task", "logs", "logs-1", "-f", "--json", "--server", url}, strings.NewReader(""), &out, &errb)
 	}()
-	waitUntil(t, "task logs -f to print the lines so far", func() bool {
+	poll.That(t, 20*time.Second, "task logs -f to print the lines so far", func() bool {
 		return strings.Count(out.String(), "\n") >= 3
 	})
 	if err := os.WriteFile(gate, nil, 0o600); err != nil {
@@ -107,7 +108,7 @@ func TestRejectedAndJobTasksFindable(t *testing.T) {
 		t.Fatalf("job add = exit %d (%s)", code, stderr)
 	}
 	var id string
-	waitUntil(t, "job trigger nightly", func() bool {
+	poll.That(t, 20*time.Second, "job trigger nightly", func() bool {
 		code, out, _ := runInProcess(t, "job", "trigger", "nightly", "--server", url)
 		id = strings.TrimSpace(out)
 		return code == exitOK
@@ -115,7 +116,7 @@ func TestRejectedAndJobTasksFindable(t *testing.T) {
 	if rec := waitRecord(t, url, id, wire.TaskSucceeded); rec.Job != "nightly" {
 		t.Errorf("task %s job = %q, want nightly", id, rec.Job)
 	}
-	waitUntil(t, "audit query --job nightly to find the task's events", func() bool {
+	poll.That(t, 20*time.Second, "audit query --job nightly to find the task's events", func() bool {
 		page, _, _ := queryJSON(t, url, "--job", "nightly")
 		seen := map[wire.EventType]bool{}
 		for _, ev := range page.Events {
@@ -129,7 +130,7 @@ func TestRejectedAndJobTasksFindable(t *testing.T) {
 func waitRecord(t *testing.T, url, id string, state wire.TaskState) wire.TaskRecord {
 	t.Helper()
 	var rec wire.TaskRecord
-	waitUntil(t, "task "+id+" to be "+string(state), func() bool {
+	poll.That(t, 20*time.Second, "task "+id+" to be "+string(state), func() bool {
 		code, out, _ := runInProcess(t, "task", "get", id, "--json", "--server", url)
 		return code == exitOK && json.Unmarshal([]byte(out), &rec) == nil && rec.State == state
 	})

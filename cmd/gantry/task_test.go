@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/config"
 	"github.com/gantry-dev/gantry/tasks"
 )
@@ -35,17 +37,14 @@ func taskJSON(t *testing.T, url, id string) wire.TaskRecord {
 // waitTaskState polls 'gantry task get' until the task is in state.
 func waitTaskState(t *testing.T, url, id string, state wire.TaskState) wire.TaskRecord {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		rec := taskJSON(t, url, id)
-		if rec.State == state {
-			return rec
+	var rec wire.TaskRecord
+	poll.For(t, 20*time.Second, 50*time.Millisecond, func() error {
+		if rec = taskJSON(t, url, id); rec.State != state {
+			return fmt.Errorf("task %s state = %s (%s), want %s", id, rec.State, rec.LastError, state)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("task %s state = %s (%s), want %s within 20s", id, rec.State, rec.LastError, state)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	return rec
 }
 
 func TestSubmitAndTaskCommands(t *testing.T) {
@@ -84,17 +83,12 @@ func TestSubmitAndTaskCommands(t *testing.T) {
 	if code, _, stderr := runInProcess(t, "task", "retry", "perm-1", "--server", url); code != exitOK {
 		t.Fatalf("task retry = exit %d (%s), want 0", code, stderr)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		rec = taskJSON(t, url, "perm-1")
-		if rec.State == wire.TaskNeedsReview && !strings.HasPrefix(rec.LastError, "retried") {
-			break
+	poll.For(t, 20*time.Second, 50*time.Millisecond, func() error {
+		if rec = taskJSON(t, url, "perm-1"); rec.State != wire.TaskNeedsReview || strings.HasPrefix(rec.LastError, "retried") {
+			return fmt.Errorf("perm-1 after retry = %s (%s), want NEEDS_REVIEW again", rec.State, rec.LastError)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("perm-1 after retry = %s (%s), want NEEDS_REVIEW again", rec.State, rec.LastError)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 
 	// Usage and lookup errors.
 	for _, tc := range []struct {
@@ -123,7 +117,7 @@ func TestSubmitAndTaskCommands(t *testing.T) {
 	}
 
 	// cancel: a running task stops, a waiting one is removed.
-	_, out, _ = runInProcess(t, "submit", "noop", "--id", "long-1", "--payload", `{"sleep":"1m"}`, "--server", url)
+	runInProcess(t, "submit", "noop", "--id", "long-1", "--payload", `{"sleep":"1m"}`, "--server", url)
 	waitTaskState(t, url, "long-1", wire.TaskRunning)
 	if code, _, stderr := runInProcess(t, "task", "cancel", "long-1", "--server", url); code != exitOK {
 		t.Fatalf("task cancel = exit %d (%s), want 0", code, stderr)
@@ -147,17 +141,16 @@ func TestSubmitAndTaskCommands(t *testing.T) {
 // waitTaskGone polls 'gantry task get' until it exits 4.
 func waitTaskGone(t *testing.T, url, id string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	poll.For(t, 20*time.Second, 100*time.Millisecond, func() error {
 		code, out, stderr := runInProcess(t, "task", "get", id, "--server", url)
-		if code == exitNotFound {
-			return
+		if code != exitOK && code != exitNotFound {
+			t.Fatalf("task get %s = exit %d (%s%s), want 0 or 4", id, code, out, stderr)
 		}
-		if code != exitOK || time.Now().After(deadline) {
-			t.Fatalf("task get %s = exit %d (%s%s), want 4 within 20s", id, code, out, stderr)
+		if code != exitNotFound {
+			return fmt.Errorf("task get %s = exit %d, want 4", id, code)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestTaskRetention runs 'gantry run' with a 1 s task retention: a
@@ -352,16 +345,12 @@ func waitForEvent(t *testing.T, js jetstream.JetStream, subject string, within t
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if _, err := s.GetLastMsgForSubject(ctx, subject); err == nil {
-			return
+	poll.For(t, within, 50*time.Millisecond, func() error {
+		if _, err := s.GetLastMsgForSubject(ctx, subject); err != nil {
+			return fmt.Errorf("no event on %s: %w", subject, err)
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("no event on %s within %v", subject, within)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return nil
+	})
 }
 
 // TestCancelJustStartedFinishesOnce cancels tasks an instant after they
@@ -389,7 +378,8 @@ func TestCancelJustStartedFinishesOnce(t *testing.T) {
 		}
 		waitTaskState(t, url, id, wire.TaskCancelled)
 	}
-	// Let a second, wrong TASK_FINISHED arrive if one is coming.
+	// Let a second, wrong TASK_FINISHED arrive if one is coming: a span
+	// to observe for something that must not happen, not a wait.
 	time.Sleep(500 * time.Millisecond)
 	finished := map[string]int{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

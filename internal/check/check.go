@@ -4,6 +4,7 @@
 package check
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -16,6 +17,19 @@ func For(t testing.TB, total, poll time.Duration, f func() error) {
 	if err := Until(total, poll, f); err != nil {
 		t.Fatalf("after %v: %v", total, err)
 	}
+}
+
+// That is For for a condition with nothing to report but what it waits
+// for: it polls cond every 20 ms and fails the test naming what if cond has
+// not held within total.
+func That(t testing.TB, total time.Duration, what string, cond func() bool) {
+	t.Helper()
+	For(t, total, 20*time.Millisecond, func() error {
+		if !cond() {
+			return errors.New("still waiting for " + what)
+		}
+		return nil
+	})
 }
 
 // Until is For without a test: it returns nil once f does, or f's last

@@ -69,3 +69,22 @@ func (f *fakeT) Fatalf(string, ...any) {
 	f.failed = true
 	runtime.Goexit()
 }
+
+func TestThatWaitsForTheCondition(t *testing.T) {
+	t.Parallel()
+	calls := 0
+	check.That(t, time.Minute, "the third call", func() bool { calls++; return calls == 3 })
+	if calls != 3 {
+		t.Errorf("That returned after %d calls, want 3", calls)
+	}
+	ft := &fakeT{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		check.That(ft, 30*time.Millisecond, "never", func() bool { return false })
+	}()
+	<-done
+	if !ft.failed {
+		t.Error("That with a condition that never holds did not fail the test")
+	}
+}

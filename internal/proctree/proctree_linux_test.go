@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gantry-dev/gantry/internal/check"
+	"github.com/gantry-dev/gantry/internal/proctree/proctreetest"
 )
 
 // escapeScript starts two processes that leave the tree's process group:
@@ -73,7 +74,7 @@ func TestEscapeesDie(t *testing.T) {
 						cmd.WaitDelay = grace
 					}
 					tree := start(t, s, cmd)
-					pids := readPids(t, pidFile, 2)
+					pids := proctreetest.ReadPids(t, pidFile, 2)
 					began := time.Now()
 					tc.end(t, tree, cancel)
 					err := wait(t, tree)
@@ -83,7 +84,7 @@ func TestEscapeesDie(t *testing.T) {
 					if took := time.Since(began); took >= grace {
 						t.Errorf("Wait took %v, want the escapees killed and their output closed before the %v grace", took, grace)
 					}
-					waitDead(t, pids...)
+					proctreetest.WaitDead(t, "the whole tree is killed", pids...)
 				})
 			}
 		})
@@ -109,13 +110,13 @@ func TestSignalReachesEscapees(t *testing.T) {
 setsid sh -c 'trap "touch \"$MARK\"; exit 0" USR1; echo $$ >> "$PIDS"; while :; do sleep 0.05; done' &
 while [ ! -f "$MARK" ]; do sleep 0.05; done`, "PIDS="+pidFile, "MARK="+mark)
 			tree := start(t, s, cmd)
-			pids := readPids(t, pidFile, 1)
+			pids := proctreetest.ReadPids(t, pidFile, 1)
 			if err := tree.Signal(syscall.SIGUSR1); err != nil {
 				t.Fatalf("Signal = %v, want nil", err)
 			}
-			waitFile(t, mark)
+			proctreetest.WaitFile(t, mark)
 			_ = wait(t, tree)
-			waitDead(t, pids...)
+			proctreetest.WaitDead(t, "the whole tree is killed", pids...)
 		})
 	}
 }
@@ -167,12 +168,12 @@ func TestParentDeath(t *testing.T) {
 			}
 			_ = parent.Wait()
 			if c == Cgroup {
-				waitDead(t, pids[n-1])
+				proctreetest.WaitDead(t, "the whole tree is killed", pids[n-1])
 				// The escapees are left in the dead parent's cgroup until a
 				// Starter is made in the same cgroup.
 				starter(t, Cgroup)
 			}
-			waitDead(t, pids...)
+			proctreetest.WaitDead(t, "the whole tree is killed", pids...)
 		})
 	}
 }
@@ -210,7 +211,7 @@ func TestWaitCutsOffEscapedOutput(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Errorf("kill the escaped process %d: %v", pid, err)
 	}
-	waitDead(t, pid)
+	proctreetest.WaitDead(t, "the whole tree is killed", pid)
 }
 
 // TestAuto: Auto takes a cgroup where the machine allows it, else the

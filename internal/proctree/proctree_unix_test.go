@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,91 +16,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gantry-dev/gantry/internal/check"
+	"github.com/gantry-dev/gantry/internal/proctree/proctreetest"
 )
-
-// alive reports whether pid is a live process: not gone, not a zombie.
-func alive(pid int) bool {
-	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-		return false
-	}
-	if !fileExists("/proc/self/stat") {
-		// No /proc (macOS, the BSDs): kill(2) said it is there.
-		return true
-	}
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// The state follows the ") " that ends the command name.
-	i := bytes.LastIndex(stat, []byte(") "))
-	return i < 0 || stat[i+2] != 'Z'
-}
 
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
-}
-
-// waitDead waits until every pid is gone, and kills those that are not.
-func waitDead(t *testing.T, pids ...int) {
-	t.Helper()
-	t.Cleanup(func() {
-		for _, pid := range pids {
-			if alive(pid) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	})
-	check.For(t, 10*time.Second, 20*time.Millisecond, func() error {
-		for _, pid := range pids {
-			if alive(pid) {
-				return fmt.Errorf("process %d is alive, want the whole tree gone", pid)
-			}
-		}
-		return nil
-	})
-}
-
-// readPids waits until path holds n pids, one a line, and returns them.
-func readPids(t *testing.T, path string, n int) []int {
-	t.Helper()
-	var pids []int
-	check.For(t, 10*time.Second, 20*time.Millisecond, func() error {
-		data, _ := os.ReadFile(path)
-		pids = pids[:0]
-		for _, f := range strings.Fields(string(data)) {
-			pid, err := strconv.Atoi(f)
-			if err != nil {
-				return fmt.Errorf("%s: %v", path, err)
-			}
-			pids = append(pids, pid)
-		}
-		if len(pids) < n {
-			return fmt.Errorf("%s holds %d pids, want %d", path, len(pids), n)
-		}
-		return nil
-	})
-	// Whatever the test finds, it leaves no process behind.
-	t.Cleanup(func() {
-		for _, pid := range pids {
-			if alive(pid) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	})
-	return pids
-}
-
-// waitFile waits until path exists.
-func waitFile(t *testing.T, path string) {
-	t.Helper()
-	check.For(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if !fileExists(path) {
-			return fmt.Errorf("%s not created", path)
-		}
-		return nil
-	})
 }
 
 // containments are the containments this operating system has.
@@ -200,7 +120,7 @@ func TestKillKillsTree(t *testing.T) {
 		pidFile := filepath.Join(t.TempDir(), "pids")
 		cmd := shell(context.Background(), treeScript, "PIDS="+pidFile)
 		tree := start(t, s, cmd)
-		pids := readPids(t, pidFile, 3)
+		pids := proctreetest.ReadPids(t, pidFile, 3)
 		if err := tree.Kill(); err != nil {
 			t.Fatalf("Kill = %v, want nil", err)
 		}
@@ -211,7 +131,7 @@ func TestKillKillsTree(t *testing.T) {
 		if got := ExitStatus(cmd.ProcessState); got != 128+int(syscall.SIGKILL) {
 			t.Errorf("ExitStatus = %d, want %d", got, 128+int(syscall.SIGKILL))
 		}
-		waitDead(t, pids...)
+		proctreetest.WaitDead(t, "the whole tree is killed", pids...)
 		if err := tree.Kill(); !errors.Is(err, os.ErrProcessDone) {
 			t.Errorf("Kill after Wait = %v, want os.ErrProcessDone", err)
 		}
@@ -228,7 +148,7 @@ func TestSignalReachesTree(t *testing.T) {
 		mark, ready := filepath.Join(dir, "mark"), filepath.Join(dir, "ready")
 		cmd := shell(context.Background(), graceScript, "SIG=USR1", "MARK="+mark, "READY="+ready)
 		tree := start(t, s, cmd)
-		waitFile(t, ready)
+		proctreetest.WaitFile(t, ready)
 		if err := tree.Signal(syscall.SIGUSR1); err != nil {
 			t.Fatalf("Signal = %v, want nil", err)
 		}
@@ -253,7 +173,7 @@ func TestCancelTerminatesTree(t *testing.T) {
 		const grace = time.Minute
 		cmd.WaitDelay = grace
 		tree := start(t, s, cmd)
-		waitFile(t, ready)
+		proctreetest.WaitFile(t, ready)
 		began := time.Now()
 		cancel()
 		_ = wait(t, tree)
@@ -280,7 +200,7 @@ func TestCancelKillsAfterGrace(t *testing.T) {
 		const grace = 300 * time.Millisecond
 		cmd.WaitDelay = grace
 		tree := start(t, s, cmd)
-		pids := readPids(t, pidFile, 3)
+		pids := proctreetest.ReadPids(t, pidFile, 3)
 		began := time.Now()
 		cancel()
 		_ = wait(t, tree)
@@ -290,7 +210,7 @@ func TestCancelKillsAfterGrace(t *testing.T) {
 		if got := ExitStatus(cmd.ProcessState); got != 128+int(syscall.SIGKILL) {
 			t.Errorf("ExitStatus = %d, want %d", got, 128+int(syscall.SIGKILL))
 		}
-		waitDead(t, pids...)
+		proctreetest.WaitDead(t, "the whole tree is killed", pids...)
 	})
 }
 
@@ -302,13 +222,13 @@ func TestCancelWithoutWaitDelayKills(t *testing.T) {
 		defer cancel()
 		cmd := shell(ctx, `trap '' TERM; `+treeScript, "PIDS="+pidFile)
 		tree := start(t, s, cmd)
-		pids := readPids(t, pidFile, 3)
+		pids := proctreetest.ReadPids(t, pidFile, 3)
 		cancel()
 		_ = wait(t, tree)
 		if got := ExitStatus(cmd.ProcessState); got != 128+int(syscall.SIGKILL) {
 			t.Errorf("ExitStatus = %d, want %d", got, 128+int(syscall.SIGKILL))
 		}
-		waitDead(t, pids...)
+		proctreetest.WaitDead(t, "the whole tree is killed", pids...)
 	})
 }
 
@@ -355,7 +275,7 @@ func TestWaitKillsLeftovers(t *testing.T) {
 		if err != nil {
 			t.Fatalf("output = %q, want the background pid", out.String())
 		}
-		waitDead(t, pid)
+		proctreetest.WaitDead(t, "the whole tree is killed", pid)
 	})
 }
 
