@@ -58,7 +58,7 @@ func TestFullDiskLosesNothingAcknowledged(t *testing.T) {
 	// The first refusals may come before the broker has noticed its
 	// storage failing, as a bare time-out; then each says why.
 	bare := 0
-	waitFor(t, "a submit refused saying the storage is full", func() bool {
+	check.That(t, 20*time.Second, "a submit refused saying the storage is full", func() bool {
 		err := submit()
 		if err != nil && !(errors.Is(err, client.ErrUnavailable) && strings.Contains(err.Error(), "storage is full")) {
 			bare++
@@ -69,7 +69,7 @@ func TestFullDiskLosesNothingAcknowledged(t *testing.T) {
 
 	free()
 	freed := time.Now()
-	waitFor(t, "a submit taken again", func() bool { return submit() == nil })
+	check.That(t, 20*time.Second, "a submit taken again", func() bool { return submit() == nil })
 	resumed := time.Since(freed)
 	for range 20 {
 		if err := submit(); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/brokertest"
+	poll "github.com/gantry-dev/gantry/internal/check"
 )
 
 // TestBrokerRestartUnderLoad runs gantry split as on several machines — a
@@ -103,12 +104,12 @@ func TestBrokerRestartUnderLoad(t *testing.T) {
 			return nil
 		}
 	}
-	checkFor(t, 30*time.Second, atLeast(100))
+	poll.For(t, 30*time.Second, 50*time.Millisecond, atLeast(100))
 
 	brk.kill()
 	before := ackedCount()
 	for _, p := range comps {
-		checkFor(t, 10*time.Second, func() error {
+		poll.For(t, 10*time.Second, 50*time.Millisecond, func() error {
 			if len(p.logged("broker connection lost")) == 0 {
 				return fmt.Errorf("%s did not log its disconnect", p.name)
 			}
@@ -118,10 +119,10 @@ func TestBrokerRestartUnderLoad(t *testing.T) {
 	brk = spawn(t, "broker'", brokerArgs...)
 	brk.waitReady(t, 30*time.Second)
 	back := time.Now()
-	checkFor(t, 30*time.Second, atLeast(before+1))
+	poll.For(t, 30*time.Second, 50*time.Millisecond, atLeast(before+1))
 	firstAck := time.Since(back)
 	for _, p := range comps {
-		checkFor(t, 20*time.Second, func() error {
+		poll.For(t, 20*time.Second, 50*time.Millisecond, func() error {
 			if len(p.logged("broker connection back")) == 0 {
 				return fmt.Errorf("%s did not log its reconnect", p.name)
 			}
@@ -130,14 +131,14 @@ func TestBrokerRestartUnderLoad(t *testing.T) {
 	}
 	// The scheduler leads: it kept its leadership across a short outage,
 	// or lost it and is elected again.
-	checkFor(t, 30*time.Second, func() error {
+	poll.For(t, 30*time.Second, 50*time.Millisecond, func() error {
 		elected, lost := len(sched.logged(`"leader elected"`)), len(sched.logged(`"no longer leading"`))
 		if elected <= lost {
 			return fmt.Errorf("scheduler elected %d times, stopped leading %d times; want it leading", elected, lost)
 		}
 		return nil
 	})
-	checkFor(t, 30*time.Second, atLeast(before+100))
+	poll.For(t, 30*time.Second, 50*time.Millisecond, atLeast(before+100))
 	close(stop)
 	wg.Wait()
 	t.Logf("%d tasks acknowledged (%d before the kill), %d submits refused or timed out while the broker was down; first acknowledgement %v after the broker was back",
@@ -145,7 +146,7 @@ func TestBrokerRestartUnderLoad(t *testing.T) {
 
 	// Every acknowledged task ends SUCCEEDED.
 	waiting := append([]string(nil), acked...)
-	checkFor(t, 60*time.Second, func() error {
+	poll.For(t, 60*time.Second, 50*time.Millisecond, func() error {
 		var still []string
 		for _, id := range waiting {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -163,7 +164,7 @@ func TestBrokerRestartUnderLoad(t *testing.T) {
 	})
 	// And has its TASK_FINISHED in the audit store.
 	finished := map[string]int{}
-	checkFor(t, 30*time.Second, func() error {
+	poll.For(t, 30*time.Second, 50*time.Millisecond, func() error {
 		clear(finished)
 		q := client.AuditQuery{Type: wire.EventTaskFinished, Limit: 1000}
 		for {
