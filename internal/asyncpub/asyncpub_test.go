@@ -148,9 +148,7 @@ func TestRepublishUnderID(t *testing.T) {
 // fails again is logged as lost.
 func TestNoIDNotRepublished(t *testing.T) {
 	t.Parallel()
-	// Patience keeps the republish trying until the stream exists, however
-	// long creating it takes on a loaded machine.
-	env, p, l := setup(t, Config{Patience: 30 * time.Second})
+	env, p, l := setup(t, Config{})
 	stopSilent := unanswered(t, env.NC, "late.x")
 	p.Publish(&nats.Msg{Subject: "late.x", Data: []byte("{}")}, "")
 	stopSilent()
