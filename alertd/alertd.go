@@ -147,17 +147,10 @@ func (a *Alertd) Run(ctx context.Context) error {
 		}
 		lc.MarkReady()
 		a.log.Info("alertd running", "rules", len(a.cfg.Alerts.Rules), "sinks", len(a.sinks))
-		t := a.clock.NewTimer(a.cfg.Alerts.CheckInterval.Std())
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-t.C():
-			}
+		for clock.Sleep(ctx, a.clock, a.cfg.Alerts.CheckInterval.Std()) {
 			a.check(ctx)
-			t.Reset(a.cfg.Alerts.CheckInterval.Std())
 		}
+		return nil
 	})
 }
 

@@ -402,12 +402,8 @@ func (s *Service) retentionLoop(ctx context.Context) {
 			s.expired.Add(uint64(n))
 			s.log.Info("audit retention", "removed", n, "before", cutoff)
 		}
-		t := s.cfg.Clock.NewTimer(s.cfg.RetentionInterval)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !clock.Sleep(ctx, s.cfg.Clock, s.cfg.RetentionInterval) {
 			return
-		case <-t.C():
 		}
 	}
 }

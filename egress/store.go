@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -28,9 +27,9 @@ type Store struct {
 // NewStore binds the gantry_routes bucket, which the broker
 // provisions.
 func NewStore(ctx context.Context, js jetstream.JetStream) (*Store, error) {
-	b, err := js.KeyValue(ctx, wire.BucketRoutes)
+	b, err := kv.Open(ctx, js, wire.BucketRoutes)
 	if err != nil {
-		return nil, fmt.Errorf("bind bucket %s: %w", wire.BucketRoutes, err)
+		return nil, err
 	}
 	return &Store{kv: b}, nil
 }
@@ -69,19 +68,16 @@ func (s *Store) Put(ctx context.Context, r wire.Route) (uint64, error) {
 // that is not a route is listed as a FAULT route whose last error says so,
 // rather than failing the list.
 func (s *Store) List(ctx context.Context) ([]wire.Route, error) {
-	entries, err := kv.Entries(ctx, s.kv, "")
-	if err != nil {
-		return nil, fmt.Errorf("list routes: %w", err)
-	}
-	out := make([]wire.Route, 0, len(entries))
-	for _, e := range entries {
+	out, err := kv.List(ctx, s.kv, func(e jetstream.KeyValueEntry) (wire.Route, bool) {
 		var r wire.Route
 		if err := json.Unmarshal(e.Value(), &r); err != nil {
 			bad := kv.BadValue(wire.BucketRoutes, e.Key(), e.Revision(), err)
 			r = wire.Route{ID: e.Key(), State: wire.RouteFault, LastError: "bad value quarantined: " + bad.Reason}
 		}
-		out = append(out, r)
+		return r, true
+	}, func(a, b wire.Route) int { return strings.Compare(a.ID, b.ID) })
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
 	}
-	slices.SortFunc(out, func(a, b wire.Route) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }

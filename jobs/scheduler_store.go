@@ -63,9 +63,9 @@ const MaxLeaderTTL = time.Hour
 
 // NewSchedulerStore opens the scheduler bucket, which the broker provisions.
 func NewSchedulerStore(ctx context.Context, js jetstream.JetStream) (*SchedulerStore, error) {
-	b, err := js.KeyValue(ctx, wire.BucketScheduler)
+	b, err := kv.Open(ctx, js, wire.BucketScheduler)
 	if err != nil {
-		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketScheduler, err)
+		return nil, err
 	}
 	stream, err := js.Stream(ctx, "KV_"+wire.BucketScheduler)
 	if err != nil {

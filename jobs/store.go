@@ -33,9 +33,9 @@ type Store struct {
 
 // NewStore opens the jobs bucket, which the broker provisions.
 func NewStore(ctx context.Context, js jetstream.JetStream) (*Store, error) {
-	b, err := js.KeyValue(ctx, wire.BucketJobs)
+	b, err := kv.Open(ctx, js, wire.BucketJobs)
 	if err != nil {
-		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketJobs, err)
+		return nil, err
 	}
 	return &Store{kv: b}, nil
 }

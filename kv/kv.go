@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -100,6 +101,34 @@ func Entries(ctx context.Context, b jetstream.KeyValue, filter string) ([]jetstr
 			return nil, fmt.Errorf("read %s: %w", b.Bucket(), ctx.Err())
 		}
 	}
+}
+
+// Open returns the bucket named bucket, which the broker provisions: the
+// first step of every store's constructor.
+func Open(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {
+	b, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, fmt.Errorf("open bucket %s: %w", bucket, err)
+	}
+	return b, nil
+}
+
+// List returns the live values of b (read by Entries), each made by decode
+// from its entry, sorted by cmp. An entry decode refuses (ok false) is left
+// out.
+func List[T any](ctx context.Context, b jetstream.KeyValue, decode func(jetstream.KeyValueEntry) (v T, ok bool), cmp func(a, b T) int) ([]T, error) {
+	entries, err := Entries(ctx, b, "")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, 0, len(entries))
+	for _, e := range entries {
+		if v, ok := decode(e); ok {
+			out = append(out, v)
+		}
+	}
+	slices.SortFunc(out, cmp)
+	return out, nil
 }
 
 // Subject is the subject a write of key in bucket is published on.

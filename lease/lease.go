@@ -69,16 +69,25 @@ type Leases struct {
 // lookupTimeout bounds the bucket lookup of the constructors.
 const lookupTimeout = 10 * time.Second
 
+// deps checks the dependencies both stores require and fills the defaults
+// of their logger and clock; op names the constructor in errors.
+func deps(op string, js jetstream.JetStream, emitter *audit.Emitter, log **slog.Logger, clk *clock.Clock) error {
+	if js == nil {
+		return fmt.Errorf("%s: a JetStream client is required", op)
+	}
+	if emitter == nil {
+		return fmt.Errorf("%s: an audit emitter is required", op)
+	}
+	*log = cmp.Or(*log, slog.New(slog.DiscardHandler))
+	*clk = cmp.Or[clock.Clock](*clk, clock.Real{})
+	return nil
+}
+
 // NewLeases returns the lease store on js's leases bucket.
 func NewLeases(js jetstream.JetStream, cfg LeasesConfig) (*Leases, error) {
-	if js == nil {
-		return nil, errors.New("new leases: a JetStream client is required")
+	if err := deps("new leases", js, cfg.Audit, &cfg.Logger, &cfg.Clock); err != nil {
+		return nil, err
 	}
-	if cfg.Audit == nil {
-		return nil, errors.New("new leases: an audit emitter is required")
-	}
-	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
-	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
 	cfg.Bucket = cmp.Or(cfg.Bucket, wire.BucketLeases)
 	cfg.ConflictWindow = cmp.Or(cfg.ConflictWindow, DefaultConflictWindow)
 	if cfg.ConflictWindow < 0 {
@@ -86,9 +95,9 @@ func NewLeases(js jetstream.JetStream, cfg LeasesConfig) (*Leases, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
 	defer cancel()
-	b, err := js.KeyValue(ctx, cfg.Bucket)
+	b, err := kv.Open(ctx, js, cfg.Bucket)
 	if err != nil {
-		return nil, fmt.Errorf("new leases: bucket %s: %w", cfg.Bucket, err)
+		return nil, fmt.Errorf("new leases: %w", err)
 	}
 	stream, err := js.Stream(ctx, "KV_"+cfg.Bucket)
 	if err != nil {

@@ -121,14 +121,9 @@ type Resources struct {
 
 // NewResources returns the resource store on js's resources bucket.
 func NewResources(js jetstream.JetStream, cfg ResourcesConfig) (*Resources, error) {
-	if js == nil {
-		return nil, errors.New("new resources: a JetStream client is required")
+	if err := deps("new resources", js, cfg.Audit, &cfg.Logger, &cfg.Clock); err != nil {
+		return nil, err
 	}
-	if cfg.Audit == nil {
-		return nil, errors.New("new resources: an audit emitter is required")
-	}
-	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
-	cfg.Clock = cmp.Or[clock.Clock](cfg.Clock, clock.Real{})
 	cfg.Bucket = cmp.Or(cfg.Bucket, wire.BucketResources)
 	if cfg.Leases == nil {
 		l, err := NewLeases(js, LeasesConfig{Audit: cfg.Audit, Logger: cfg.Logger, Clock: cfg.Clock})
@@ -139,13 +134,13 @@ func NewResources(js jetstream.JetStream, cfg ResourcesConfig) (*Resources, erro
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
 	defer cancel()
-	b, err := js.KeyValue(ctx, cfg.Bucket)
+	b, err := kv.Open(ctx, js, cfg.Bucket)
 	if err != nil {
-		return nil, fmt.Errorf("new resources: bucket %s: %w", cfg.Bucket, err)
+		return nil, fmt.Errorf("new resources: %w", err)
 	}
-	waiters, err := js.KeyValue(ctx, wire.BucketWaiters)
+	waiters, err := kv.Open(ctx, js, wire.BucketWaiters)
 	if err != nil {
-		return nil, fmt.Errorf("new resources: bucket %s: %w", wire.BucketWaiters, err)
+		return nil, fmt.Errorf("new resources: %w", err)
 	}
 	ev, err := newEvents(cfg.Audit, js, cfg.Logger)
 	if err != nil {

@@ -50,9 +50,9 @@ type CheckpointStore struct {
 // NewCheckpointStore opens the checkpoints bucket, which the broker
 // provisions.
 func NewCheckpointStore(ctx context.Context, js jetstream.JetStream) (*CheckpointStore, error) {
-	b, err := js.KeyValue(ctx, wire.BucketCheckpoints)
+	b, err := kv.Open(ctx, js, wire.BucketCheckpoints)
 	if err != nil {
-		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketCheckpoints, err)
+		return nil, err
 	}
 	return &CheckpointStore{js: js, kv: b}, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -24,9 +23,9 @@ type Presence struct {
 
 // NewPresence opens the workers bucket, which the broker provisions.
 func NewPresence(ctx context.Context, js jetstream.JetStream) (*Presence, error) {
-	b, err := js.KeyValue(ctx, wire.BucketWorkers)
+	b, err := kv.Open(ctx, js, wire.BucketWorkers)
 	if err != nil {
-		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketWorkers, err)
+		return nil, err
 	}
 	return &Presence{js: js, kv: b}, nil
 }
@@ -56,18 +55,13 @@ func (p *Presence) Delete(ctx context.Context, name string) error {
 // List returns the live workers, by name. An entry that is not a
 // WorkerInfo is skipped.
 func (p *Presence) List(ctx context.Context) ([]wire.WorkerInfo, error) {
-	entries, err := kv.Entries(ctx, p.kv, "")
+	out, err := kv.List(ctx, p.kv, func(e jetstream.KeyValueEntry) (wire.WorkerInfo, bool) {
+		var w wire.WorkerInfo
+		err := json.Unmarshal(e.Value(), &w)
+		return w, err == nil && w.Name != ""
+	}, func(a, b wire.WorkerInfo) int { return strings.Compare(a.Name, b.Name) })
 	if err != nil {
 		return nil, fmt.Errorf("list workers: %w", err)
 	}
-	out := make([]wire.WorkerInfo, 0, len(entries))
-	for _, e := range entries {
-		var w wire.WorkerInfo
-		if err := json.Unmarshal(e.Value(), &w); err != nil || w.Name == "" {
-			continue
-		}
-		out = append(out, w)
-	}
-	slices.SortFunc(out, func(a, b wire.WorkerInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -30,9 +29,9 @@ type Queues struct {
 
 // NewQueues opens the queues bucket, which the broker provisions.
 func NewQueues(ctx context.Context, js jetstream.JetStream) (*Queues, error) {
-	b, err := js.KeyValue(ctx, wire.BucketQueues)
+	b, err := kv.Open(ctx, js, wire.BucketQueues)
 	if err != nil {
-		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketQueues, err)
+		return nil, err
 	}
 	return &Queues{kv: b}, nil
 }
@@ -65,15 +64,12 @@ func DecodeQueueState(queue string, data []byte) wire.QueueState {
 
 // List returns the state of every queue ever paused, by name.
 func (q *Queues) List(ctx context.Context) ([]wire.QueueState, error) {
-	entries, err := kv.Entries(ctx, q.kv, "")
+	out, err := kv.List(ctx, q.kv, func(e jetstream.KeyValueEntry) (wire.QueueState, bool) {
+		return DecodeQueueState(e.Key(), e.Value()), true
+	}, func(a, b wire.QueueState) int { return strings.Compare(a.Queue, b.Queue) })
 	if err != nil {
 		return nil, fmt.Errorf("list queues: %w", err)
 	}
-	out := make([]wire.QueueState, 0, len(entries))
-	for _, e := range entries {
-		out = append(out, DecodeQueueState(e.Key(), e.Value()))
-	}
-	slices.SortFunc(out, func(a, b wire.QueueState) int { return strings.Compare(a.Queue, b.Queue) })
 	return out, nil
 }
 

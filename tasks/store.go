@@ -73,9 +73,9 @@ func NewStore(ctx context.Context, js jetstream.JetStream, cfg StoreConfig) (*St
 	if err := CheckRetention(cfg.Retention); err != nil {
 		return nil, err
 	}
-	b, err := js.KeyValue(ctx, wire.BucketTasks)
+	b, err := kv.Open(ctx, js, wire.BucketTasks)
 	if err != nil {
-		return nil, fmt.Errorf("open bucket %s: %w", wire.BucketTasks, err)
+		return nil, err
 	}
 	s := &Store{js: js, kv: b}
 	switch cfg.Retention {

@@ -3,6 +3,7 @@
 package clock
 
 import (
+	"context"
 	"sort"
 	"sync"
 	"time"
@@ -24,6 +25,18 @@ type Timer interface {
 	Stop() bool
 	// Reset makes the timer fire after d; it reports whether it was active.
 	Reset(d time.Duration) bool
+}
+
+// Sleep waits d on c, or until ctx ends; it reports whether d passed.
+func Sleep(ctx context.Context, c Clock, d time.Duration) bool {
+	t := c.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
+	}
 }
 
 // Real is the system clock.

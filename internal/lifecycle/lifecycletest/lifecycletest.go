@@ -49,56 +49,37 @@ func Misuse(t *testing.T, newActor func(t testing.TB) Actor) {
 			}
 		}},
 		{"stop while starting", func(t *testing.T, a Actor) {
-			r := start(context.Background(), a)
-			a.Stop()
-			r.stopped(t)
+			start(context.Background(), a).stop(t, a)
 		}},
 		{"stop twice", func(t *testing.T, a Actor) {
-			r := start(context.Background(), a)
-			r.ready(t, a)
+			r := running(context.Background(), t, a)
 			a.Stop()
-			a.Stop()
-			r.stopped(t)
+			r.stop(t, a)
 		}},
 		{"stop after run returned", func(t *testing.T, a Actor) {
-			r := start(context.Background(), a)
-			r.ready(t, a)
-			a.Stop()
-			r.stopped(t)
+			running(context.Background(), t, a).stop(t, a)
 			a.Stop()
 			a.Stop()
 		}},
 		{"run twice", func(t *testing.T, a Actor) {
-			r := start(context.Background(), a)
-			r.ready(t, a)
-			err := call(t, "second Run", func() error { return a.Run(context.Background()) })
-			if !errors.Is(err, lifecycle.ErrAlreadyRun) {
-				t.Errorf("second Run = %v, want %v", err, lifecycle.ErrAlreadyRun)
-			}
+			r := running(context.Background(), t, a)
+			alreadyRun(t, "second Run", a)
 			select {
 			case err := <-r.done:
 				t.Errorf("first Run = %v after a second Run, want it running", err)
 				return
 			default:
 			}
-			a.Stop()
-			r.stopped(t)
+			r.stop(t, a)
 		}},
 		{"run after stop", func(t *testing.T, a Actor) {
-			r := start(context.Background(), a)
-			r.ready(t, a)
-			a.Stop()
-			r.stopped(t)
-			err := call(t, "Run after a stopped Run", func() error { return a.Run(context.Background()) })
-			if !errors.Is(err, lifecycle.ErrAlreadyRun) {
-				t.Errorf("Run after a stopped Run = %v, want %v", err, lifecycle.ErrAlreadyRun)
-			}
+			running(context.Background(), t, a).stop(t, a)
+			alreadyRun(t, "Run after a stopped Run", a)
 		}},
 		{"cancel", func(t *testing.T, a Actor) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			r := start(ctx, a)
-			r.ready(t, a)
+			r := running(ctx, t, a)
 			cancel()
 			r.stopped(t)
 			a.Stop()
@@ -130,9 +111,7 @@ func FailedStart(t *testing.T, a Actor) error {
 	}
 	a.Stop()
 	a.Stop()
-	if again := call(t, "Run after a failed Run", func() error { return a.Run(context.Background()) }); !errors.Is(again, lifecycle.ErrAlreadyRun) {
-		t.Errorf("Run after a failed Run = %v, want %v", again, lifecycle.ErrAlreadyRun)
-	}
+	alreadyRun(t, "Run after a failed Run", a)
 	return err
 }
 
@@ -143,6 +122,30 @@ func start(ctx context.Context, a Actor) *run {
 	r := &run{done: make(chan error, 1)}
 	go func() { r.done <- a.Run(ctx) }()
 	return r
+}
+
+// running starts a Run of a in the background and waits for a to be ready.
+func running(ctx context.Context, t *testing.T, a Actor) *run {
+	t.Helper()
+	r := start(ctx, a)
+	r.ready(t, a)
+	return r
+}
+
+// alreadyRun checks that another Run of a, named what, returns
+// lifecycle.ErrAlreadyRun.
+func alreadyRun(t *testing.T, what string, a Actor) {
+	t.Helper()
+	if err := call(t, what, func() error { return a.Run(context.Background()) }); !errors.Is(err, lifecycle.ErrAlreadyRun) {
+		t.Errorf("%s = %v, want %v", what, err, lifecycle.ErrAlreadyRun)
+	}
+}
+
+// stop stops a and waits for its Run to return nil.
+func (r *run) stop(t *testing.T, a Actor) {
+	t.Helper()
+	a.Stop()
+	r.stopped(t)
 }
 
 // ready waits for a to be ready.
