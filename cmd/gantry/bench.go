@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -83,69 +84,57 @@ only an explicit --server points bench at an existing system.
 		tasks, backlogTasks, latRate, audRate, soakRate int
 		latFor, leaseFor, audFor, soakFor, soakEvery    time.Duration
 	)
-	// The scenarios: each a subcommand with its own flags, which runs one
-	// bench.Run method and puts its result in the report.
+	// The scenarios: each a subcommand that runs one bench.Run method.
+	flags := map[string]*pflag.FlagSet{}
 	for _, s := range []struct {
 		name, short string
-		flags       func(fs *pflag.FlagSet)
-		run         func(ctx context.Context, r *bench.Run, rep *benchReport) (err error)
+		run         func(ctx context.Context, r *bench.Run) (any, error)
 	}{
 		{"throughput", "N noop tasks published at once; tasks/s until every TASK_FINISHED is seen, vs raw publish + consume + ack",
-			func(fs *pflag.FlagSet) { fs.IntVar(&tasks, "tasks", 40000, "tasks to publish") },
-			func(ctx context.Context, r *bench.Run, rep *benchReport) (err error) {
-				rep.Throughput, err = r.Throughput(ctx, tasks)
-				return err
-			}},
+			func(ctx context.Context, r *bench.Run) (any, error) { return r.Throughput(ctx, tasks) }},
 		{"latency", "submit→start and submit→finished p50/p99/p99.9 at a fixed rate, vs raw publish → consume",
-			func(fs *pflag.FlagSet) { pacedFlags(fs, &latRate, &latFor, 1000, 5*time.Second, "how long to publish") },
-			func(ctx context.Context, r *bench.Run, rep *benchReport) (err error) {
-				rep.Latency, err = r.Latency(ctx, latRate, latFor)
-				return err
-			}},
+			func(ctx context.Context, r *bench.Run) (any, error) { return r.Latency(ctx, latRate, latFor) }},
 		{"lease", "lease acquire+release cycles/s (events included) vs raw KV puts",
-			func(fs *pflag.FlagSet) {
-				fs.DurationVar(&leaseFor, "duration", 5*time.Second, "how long each side runs")
-			},
-			func(ctx context.Context, r *bench.Run, rep *benchReport) (err error) {
-				rep.Lease, err = r.Lease(ctx, leaseFor)
-				return err
-			}},
+			func(ctx context.Context, r *bench.Run) (any, error) { return r.Lease(ctx, leaseFor) }},
 		{"audit", "events/s produced vs stored by auditd at a fixed task rate, and its backlog",
-			func(fs *pflag.FlagSet) { pacedFlags(fs, &audRate, &audFor, 1000, 5*time.Second, "how long to publish") },
-			func(ctx context.Context, r *bench.Run, rep *benchReport) (err error) {
-				rep.Audit, err = r.Audit(ctx, audRate, audFor)
-				return err
-			}},
+			func(ctx context.Context, r *bench.Run) (any, error) { return r.Audit(ctx, audRate, audFor) }},
 		{"backlog", "N tasks queued on a paused queue: RSS, then time to drain, vs raw drain",
-			func(fs *pflag.FlagSet) {
-				fs.IntVar(&backlogTasks, "tasks", 100000, "tasks to queue (the issue's target is at 1000000)")
-			},
-			func(ctx context.Context, r *bench.Run, rep *benchReport) (err error) {
-				rep.Backlog, err = r.Backlog(ctx, backlogTasks)
-				return err
-			}},
+			func(ctx context.Context, r *bench.Run) (any, error) { return r.Backlog(ctx, backlogTasks) }},
 		{"soak", "a steady task rate for a duration, sampling RSS, goroutines, open files and stream sizes",
-			func(fs *pflag.FlagSet) {
-				pacedFlags(fs, &soakRate, &soakFor, 200, 10*time.Minute, "how long to run")
-				fs.DurationVar(&soakEvery, "sample-every", 5*time.Second, "how often to sample")
-			},
-			func(ctx context.Context, r *bench.Run, rep *benchReport) (err error) {
-				rep.Soak, err = r.Soak(ctx, soakRate, soakFor, soakEvery)
-				return err
-			}},
+			func(ctx context.Context, r *bench.Run) (any, error) { return r.Soak(ctx, soakRate, soakFor, soakEvery) }},
 	} {
 		sub := &cobra.Command{
 			Use:   s.name,
 			Short: s.short,
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.bench(cmd.Context(), f, s.name, s.run)
+				return a.bench(cmd.Context(), f, s.name, func(ctx context.Context, r *bench.Run, rep *benchReport) error {
+					v, err := s.run(ctx, r)
+					rep.keep(v)
+					return err
+				})
 			},
 		}
-		s.flags(sub.Flags())
+		flags[s.name] = sub.Flags()
 		cmd.AddCommand(sub)
 	}
+	flags["throughput"].IntVar(&tasks, "tasks", 40000, "tasks to publish")
+	pacedFlags(flags["latency"], &latRate, &latFor, 1000, 5*time.Second, "how long to publish")
+	flags["lease"].DurationVar(&leaseFor, "duration", 5*time.Second, "how long each side runs")
+	pacedFlags(flags["audit"], &audRate, &audFor, 1000, 5*time.Second, "how long to publish")
+	flags["backlog"].IntVar(&backlogTasks, "tasks", 100000, "tasks to queue (the issue's target is at 1000000)")
+	pacedFlags(flags["soak"], &soakRate, &soakFor, 200, 10*time.Minute, "how long to run")
+	flags["soak"].DurationVar(&soakEvery, "sample-every", 5*time.Second, "how often to sample")
 	return cmd
+}
+
+// keep puts a scenario's result in the report's field of its type.
+func (rep *benchReport) keep(v any) {
+	for _, f := range []any{&rep.Throughput, &rep.Latency, &rep.Lease, &rep.Audit, &rep.Backlog, &rep.Soak} {
+		if dst := reflect.ValueOf(f).Elem(); dst.Type() == reflect.TypeOf(v) {
+			dst.Set(reflect.ValueOf(v))
+		}
+	}
 }
 
 // pacedFlags are the flags of a scenario that publishes at a fixed rate
