@@ -117,34 +117,33 @@ func (r *Run) drainAudit(ctx context.Context) (int64, error) {
 // and waits until t saw each finish, calling sample every period
 // meanwhile; sample no longer runs when it returns.
 func (r *Run) sampledLoad(ctx context.Context, t *tracker, perSec, n int, phase string, period time.Duration, sample func()) error {
-	sampler, stop := r.every(ctx, period, sample)
-	defer func() {
-		stop()
-		<-sampler
-	}()
+	defer r.every(ctx, period, sample)()
 	if _, err := r.paced(ctx, perSec, n, phase, func(i int) (jetstream.PubAckFuture, error) { return r.publishTask(i) }); err != nil {
 		return err
 	}
 	return t.wait(ctx, "tasks finished")
 }
 
-// every calls fn every period until stop is called; the returned channel
-// closes once fn no longer runs.
-func (r *Run) every(ctx context.Context, period time.Duration, fn func()) (<-chan struct{}, func()) {
+// every calls fn every period until the returned stop is called; stop
+// returns once fn no longer runs.
+func (r *Run) every(ctx context.Context, period time.Duration, fn func()) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
+	tick := time.NewTicker(period)
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(period)
-		defer tick.Stop()
 		for {
 			select {
-			case <-ctx.Done():
-				return
 			case <-tick.C:
 				fn()
+			case <-ctx.Done():
+				return
 			}
 		}
 	}()
-	return done, cancel
+	return func() {
+		cancel()
+		tick.Stop()
+		<-done
+	}
 }

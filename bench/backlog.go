@@ -61,7 +61,7 @@ func (r *Run) Backlog(ctx context.Context, n int) (res *Backlog, err error) {
 	}
 	res.PeakRSSBytes = res.Idle.RSSBytes
 	var mu sync.Mutex
-	sampler, stop := r.every(ctx, time.Second, func() {
+	stop := r.every(ctx, time.Second, func() {
 		s, err := r.sample(ctx, begin)
 		mu.Lock()
 		defer mu.Unlock()
@@ -79,7 +79,6 @@ func (r *Run) Backlog(ctx context.Context, n int) (res *Backlog, err error) {
 	resumed = true
 	err = t.wait(ctx, "drain")
 	stop()
-	<-sampler
 	if err != nil {
 		return nil, err
 	}
