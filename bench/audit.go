@@ -34,9 +34,9 @@ type Audit struct {
 
 // Audit runs the audit scenario: perSec tasks a second for d.
 func (r *Run) Audit(ctx context.Context, perSec int, d time.Duration) (*Audit, error) {
-	n := int(float64(perSec) * d.Seconds())
-	if perSec < 1 || n < 1 {
-		return nil, fmt.Errorf("audit: want a rate ≥ 1/s and at least one task, got %d/s for %v", perSec, d)
+	n, err := pacedTasks("audit", perSec, d)
+	if err != nil {
+		return nil, err
 	}
 	seq0, stored0, err := r.auditCounts(ctx)
 	if err != nil {
@@ -49,18 +49,11 @@ func (r *Run) Audit(ctx context.Context, perSec int, d time.Duration) (*Audit, e
 	defer t.close()
 	res := &Audit{Rate: perSec, Tasks: n}
 	start := time.Now()
-	sampler, stop := r.every(ctx, time.Second, func() {
+	err = r.sampledLoad(ctx, t, perSec, n, "publish tasks", time.Second, func() {
 		if lag, err := r.cfg.Client.AuditLag(ctx); err == nil {
 			res.Backlog = append(res.Backlog, int64(lag.Pending))
 		}
 	})
-	if _, err := r.paced(ctx, perSec, n, "publish tasks", func(i int) (jetstream.PubAckFuture, error) { return r.publishTask(i) }); err != nil {
-		stop()
-		return nil, err
-	}
-	err = t.wait(ctx, "tasks finished")
-	stop()
-	<-sampler
 	if err != nil {
 		return nil, err
 	}
@@ -120,23 +113,37 @@ func (r *Run) drainAudit(ctx context.Context) (int64, error) {
 	}
 }
 
-// every calls fn every period until stop is called; the returned channel
-// closes once fn no longer runs.
-func (r *Run) every(ctx context.Context, period time.Duration, fn func()) (<-chan struct{}, func()) {
+// sampledLoad publishes n tasks at perSec a second (progress under phase)
+// and waits until t saw each finish, calling sample every period
+// meanwhile; sample no longer runs when it returns.
+func (r *Run) sampledLoad(ctx context.Context, t *tracker, perSec, n int, phase string, period time.Duration, sample func()) error {
+	defer r.every(ctx, period, sample)()
+	if _, err := r.paced(ctx, perSec, n, phase, func(i int) (jetstream.PubAckFuture, error) { return r.publishTask(i) }); err != nil {
+		return err
+	}
+	return t.wait(ctx, "tasks finished")
+}
+
+// every calls fn every period until the returned stop is called; stop
+// returns once fn no longer runs.
+func (r *Run) every(ctx context.Context, period time.Duration, fn func()) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
+	tick := time.NewTicker(period)
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(period)
-		defer tick.Stop()
 		for {
 			select {
-			case <-ctx.Done():
-				return
 			case <-tick.C:
 				fn()
+			case <-ctx.Done():
+				return
 			}
 		}
 	}()
-	return done, cancel
+	return func() {
+		cancel()
+		tick.Stop()
+		<-done
+	}
 }

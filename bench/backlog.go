@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -35,14 +34,7 @@ type Backlog struct {
 
 // Backlog runs the backlog scenario with n tasks.
 func (r *Run) Backlog(ctx context.Context, n int) (res *Backlog, err error) {
-	if n < 1 {
-		return nil, fmt.Errorf("backlog: want at least 1 task, got %d", n)
-	}
-	raw, err := r.rawDrain(ctx, n)
-	if err != nil {
-		return nil, err
-	}
-	t, err := r.track(n, false)
+	raw, t, err := rawThenTrack(r, "backlog", n, false, func() (Rate, error) { return r.rawDrain(ctx, n) })
 	if err != nil {
 		return nil, err
 	}
@@ -69,7 +61,7 @@ func (r *Run) Backlog(ctx context.Context, n int) (res *Backlog, err error) {
 	}
 	res.PeakRSSBytes = res.Idle.RSSBytes
 	var mu sync.Mutex
-	sampler, stop := r.every(ctx, time.Second, func() {
+	stop := r.every(ctx, time.Second, func() {
 		s, err := r.sample(ctx, begin)
 		mu.Lock()
 		defer mu.Unlock()
@@ -87,7 +79,6 @@ func (r *Run) Backlog(ctx context.Context, n int) (res *Backlog, err error) {
 	resumed = true
 	err = t.wait(ctx, "drain")
 	stop()
-	<-sampler
 	if err != nil {
 		return nil, err
 	}
@@ -104,34 +95,16 @@ func (r *Run) rawDrain(ctx context.Context, n int) (Rate, error) {
 		return Rate{}, err
 	}
 	defer r.remove(s)
-	body := []byte(fmt.Sprintf(`{"id":%q}`, r.taskID(n)))
-	futures := make([]jetstream.PubAckFuture, 0, n)
-	for i := range n {
-		f, err := r.publishAsync(s.subject, body)
-		if err != nil {
-			return Rate{}, fmt.Errorf("publish raw: %w", err)
-		}
-		futures = append(futures, f)
-		if i%1000 == 0 {
-			r.cfg.Progress(Progress{Phase: "raw queue", Done: i, Total: n})
-		}
-	}
-	if err := r.awaitAcks(ctx, futures); err != nil {
+	if err := r.publishRaw(ctx, s, n, "raw queue"); err != nil {
 		return Rate{}, err
 	}
-	var got atomic.Int64
-	all := make(chan struct{})
 	start := time.Now()
-	cc, err := r.rawConsumer(ctx, s, func(jetstream.Msg) {
-		if got.Add(1) == int64(n) {
-			close(all)
-		}
-	})
+	cc, all, got, err := r.countRaw(ctx, s, n)
 	if err != nil {
 		return Rate{}, err
 	}
 	defer cc.Stop()
-	if err := r.waitFor(ctx, all, "raw drain", func() int { return int(got.Load()) }, n); err != nil {
+	if err := r.waitFor(ctx, all, "raw drain", got, n); err != nil {
 		return Rate{}, err
 	}
 	return rate(n, time.Since(start)), nil

@@ -31,15 +31,11 @@ type Latency struct {
 
 // Latency runs the latency scenario: rate tasks a second for d.
 func (r *Run) Latency(ctx context.Context, perSec int, d time.Duration) (*Latency, error) {
-	n := int(float64(perSec) * d.Seconds())
-	if perSec < 1 || n < 1 {
-		return nil, fmt.Errorf("latency: want a rate ≥ 1/s and at least one task, got %d/s for %v", perSec, d)
-	}
-	raw, err := r.rawLatency(ctx, perSec, n)
+	n, err := pacedTasks("latency", perSec, d)
 	if err != nil {
 		return nil, err
 	}
-	t, err := r.track(n, true)
+	raw, t, err := rawThenTrack(r, "latency", n, true, func() (Quantiles, error) { return r.rawLatency(ctx, perSec, n) })
 	if err != nil {
 		return nil, err
 	}
@@ -76,6 +72,16 @@ func (r *Run) Latency(ctx context.Context, perSec int, d time.Duration) (*Latenc
 		SubmitToStart: quantiles(starts), SubmitToFinish: quantiles(ends), Raw: raw}
 	res.RatioP99 = ratio(res.SubmitToStart.P99, raw.P99)
 	return res, nil
+}
+
+// pacedTasks is how many tasks perSec a second for d makes, for the
+// scenario named; it wants a rate of one a second or more and one task.
+func pacedTasks(scenario string, perSec int, d time.Duration) (int, error) {
+	n := int(float64(perSec) * d.Seconds())
+	if perSec < 1 || n < 1 {
+		return 0, fmt.Errorf("%s: want a rate ≥ 1/s and at least one task, got %d/s for %v", scenario, perSec, d)
+	}
+	return n, nil
 }
 
 // paced calls publish(i) for i in 0..n-1 at perSec a second, then waits

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Soak is the soak scenario's result: noop tasks at a steady rate for a
@@ -62,15 +60,7 @@ func (r *Run) Soak(ctx context.Context, perSec int, d, period time.Duration) (*S
 		res.MaxRSSBytes = max(res.MaxRSSBytes, s.RSSBytes)
 	}
 	take()
-	sampler, stop := r.every(ctx, period, take)
-	if _, err := r.paced(ctx, perSec, n, "soak", func(i int) (jetstream.PubAckFuture, error) { return r.publishTask(i) }); err != nil {
-		stop()
-		return nil, err
-	}
-	err = t.wait(ctx, "tasks finished")
-	stop()
-	<-sampler
-	if err != nil {
+	if err := r.sampledLoad(ctx, t, perSec, n, "soak", period, take); err != nil {
 		return nil, err
 	}
 	if _, err := r.drainAudit(ctx); err != nil {

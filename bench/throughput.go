@@ -29,14 +29,7 @@ type Throughput struct {
 
 // Throughput runs the throughput scenario with n tasks.
 func (r *Run) Throughput(ctx context.Context, n int) (*Throughput, error) {
-	if n < 1 {
-		return nil, fmt.Errorf("throughput: want at least 1 task, got %d", n)
-	}
-	raw, err := r.rawThroughput(ctx, n)
-	if err != nil {
-		return nil, err
-	}
-	t, err := r.track(n, false)
+	raw, t, err := rawThenTrack(r, "throughput", n, false, func() (Rate, error) { return r.rawThroughput(ctx, n) })
 	if err != nil {
 		return nil, err
 	}
@@ -58,26 +51,81 @@ func (r *Run) Throughput(ctx context.Context, n int) (*Throughput, error) {
 	return res, nil
 }
 
+// rawThenTrack checks a scenario's task count, measures the raw figure it
+// compares with, then starts tracking its n tasks: in that order, so that
+// the tracker's subscriptions take no part in the raw run.
+func rawThenTrack[T any](r *Run, scenario string, n int, starts bool, raw func() (T, error)) (T, *tracker, error) {
+	var zero T
+	if n < 1 {
+		return zero, nil, fmt.Errorf("%s: want at least 1 task, got %d", scenario, n)
+	}
+	v, err := raw()
+	if err != nil {
+		return zero, nil, err
+	}
+	t, err := r.track(n, starts)
+	return v, t, err
+}
+
 // publishAll publishes tasks 0..n-1 at once and returns how long until
 // every publish was acknowledged.
 func (r *Run) publishAll(ctx context.Context, n int, phase string) (time.Duration, error) {
 	start := time.Now()
-	futures := make([]jetstream.PubAckFuture, 0, n)
-	for i := range n {
+	err := r.burst(ctx, n, phase, func(i int) (jetstream.PubAckFuture, error) {
 		f, err := r.publishTask(i)
 		if err != nil {
-			return 0, fmt.Errorf("publish task %d: %w", i, err)
+			return nil, fmt.Errorf("publish task %d: %w", i, err)
+		}
+		return f, nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	r.cfg.Progress(Progress{Phase: phase, Done: n, Total: n})
+	return time.Since(start), nil
+}
+
+// burst calls publish(i) for i in 0..n-1 at once, reporting progress
+// under phase, then waits for every acknowledgement.
+func (r *Run) burst(ctx context.Context, n int, phase string, publish func(int) (jetstream.PubAckFuture, error)) error {
+	futures := make([]jetstream.PubAckFuture, 0, n)
+	for i := range n {
+		f, err := publish(i)
+		if err != nil {
+			return err
 		}
 		futures = append(futures, f)
 		if i%1000 == 0 {
 			r.cfg.Progress(Progress{Phase: phase, Done: i, Total: n})
 		}
 	}
-	if err := r.awaitAcks(ctx, futures); err != nil {
-		return 0, err
-	}
-	r.cfg.Progress(Progress{Phase: phase, Done: n, Total: n})
-	return time.Since(start), nil
+	return r.awaitAcks(ctx, futures)
+}
+
+// publishRaw publishes n task-sized messages into s at once and waits
+// for their acknowledgements.
+func (r *Run) publishRaw(ctx context.Context, s *scratch, n int, phase string) error {
+	body := []byte(fmt.Sprintf(`{"id":%q}`, r.taskID(n)))
+	return r.burst(ctx, n, phase, func(int) (jetstream.PubAckFuture, error) {
+		f, err := r.publishAsync(s.subject, body)
+		if err != nil {
+			return nil, fmt.Errorf("publish raw: %w", err)
+		}
+		return f, nil
+	})
+}
+
+// countRaw consumes s with a durable pull consumer, acknowledging each
+// message; all closes when the n-th arrived and got says how many have.
+func (r *Run) countRaw(ctx context.Context, s *scratch, n int) (cc jetstream.ConsumeContext, all <-chan struct{}, got func() int, err error) {
+	var count atomic.Int64
+	done := make(chan struct{})
+	cc, err = r.rawConsumer(ctx, s, func(jetstream.Msg) {
+		if count.Add(1) == int64(n) {
+			close(done)
+		}
+	})
+	return cc, done, func() int { return int(count.Load()) }, err
 }
 
 // rawThroughput publishes n task-sized messages into a scratch stream and
@@ -88,34 +136,16 @@ func (r *Run) rawThroughput(ctx context.Context, n int) (Rate, error) {
 		return Rate{}, err
 	}
 	defer r.remove(s)
-	var got atomic.Int64
-	all := make(chan struct{})
-	cc, err := r.rawConsumer(ctx, s, func(jetstream.Msg) {
-		if got.Add(1) == int64(n) {
-			close(all)
-		}
-	})
+	cc, all, got, err := r.countRaw(ctx, s, n)
 	if err != nil {
 		return Rate{}, err
 	}
 	defer cc.Stop()
-	body := []byte(fmt.Sprintf(`{"id":%q}`, r.taskID(n)))
 	start := time.Now()
-	futures := make([]jetstream.PubAckFuture, 0, n)
-	for i := range n {
-		f, err := r.publishAsync(s.subject, body)
-		if err != nil {
-			return Rate{}, fmt.Errorf("publish raw: %w", err)
-		}
-		futures = append(futures, f)
-		if i%1000 == 0 {
-			r.cfg.Progress(Progress{Phase: "raw publish", Done: i, Total: n})
-		}
-	}
-	if err := r.awaitAcks(ctx, futures); err != nil {
+	if err := r.publishRaw(ctx, s, n, "raw publish"); err != nil {
 		return Rate{}, err
 	}
-	if err := r.waitFor(ctx, all, "raw consume+ack", func() int { return int(got.Load()) }, n); err != nil {
+	if err := r.waitFor(ctx, all, "raw consume+ack", got, n); err != nil {
 		return Rate{}, err
 	}
 	return rate(n, time.Since(start)), nil

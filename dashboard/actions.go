@@ -37,60 +37,52 @@ type deed struct {
 	ev     wire.Event
 	// back is the page to return to.
 	back string
-	do   func(ctx context.Context, p *principal) (string, error)
+	do   doer
 }
+
+// doer does an action for the user p and says what it did.
+type doer func(ctx context.Context, p *principal) (string, error)
 
 func (d *Dashboard) taskAction(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	dd := deed{action: "task." + r.PathValue("action"), target: id, ev: wire.Event{TaskID: id}, back: "/tasks/" + url.PathEscape(id)}
-	switch dd.action {
-	case ActionTaskRetry:
-		dd.do = func(ctx context.Context, _ *principal) (string, error) {
+	if dd.action == ActionTaskPurge {
+		dd.back = "/tasks"
+	}
+	d.actOneOf(w, r, dd, "task", map[string]doer{
+		ActionTaskRetry: func(ctx context.Context, _ *principal) (string, error) {
 			rec, err := d.c.RetryTask(ctx, id)
 			return fmt.Sprintf("task %s runs again (run %d)", id, max(rec.Run, 1)), err
-		}
-	case ActionTaskCancel:
-		dd.do = func(ctx context.Context, _ *principal) (string, error) {
+		},
+		ActionTaskCancel: func(ctx context.Context, _ *principal) (string, error) {
 			res, err := d.c.CancelTask(ctx, id)
 			return fmt.Sprintf("task %s cancelled (it was %s)", id, res.Was), err
-		}
-	case ActionTaskPurge:
-		dd.do = func(ctx context.Context, _ *principal) (string, error) {
+		},
+		ActionTaskPurge: func(ctx context.Context, _ *principal) (string, error) {
 			return fmt.Sprintf("the record of task %s is purged; its events stay in the audit trail", id), d.c.PurgeTask(ctx, id)
-		}
-		dd.back = "/tasks"
-	default:
-		d.fail(w, r, http.StatusNotFound, fmt.Errorf("no task action %q", r.PathValue("action")))
-		return
-	}
-	d.act(w, r, dd)
+		},
+	})
 }
 
 func (d *Dashboard) resourceAction(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	dd := deed{action: "resource." + r.PathValue("action"), target: id, ev: wire.Event{ResourceID: id}, back: "/resources"}
-	reason := func(p *principal, verb string) string {
-		if s := r.PostFormValue("reason"); s != "" {
-			return s
-		}
-		return verb + " from the dashboard by " + p.User
-	}
-	switch dd.action {
-	case ActionResourceEnable:
-		dd.do = func(ctx context.Context, p *principal) (string, error) {
-			res, err := d.c.EnableResource(ctx, id, reason(p, "enabled"))
+	// set enables or disables the resource with the form's reason, or
+	// one saying who did it.
+	set := func(op func(ctx context.Context, id, reason string) (client.Resource, error), verb string) doer {
+		return func(ctx context.Context, p *principal) (string, error) {
+			reason := r.PostFormValue("reason")
+			if reason == "" {
+				reason = verb + " from the dashboard by " + p.User
+			}
+			res, err := op(ctx, id, reason)
 			return fmt.Sprintf("resource %s is %s", id, res.State), err
 		}
-	case ActionResourceDisable:
-		dd.do = func(ctx context.Context, p *principal) (string, error) {
-			res, err := d.c.DisableResource(ctx, id, reason(p, "disabled"))
-			return fmt.Sprintf("resource %s is %s", id, res.State), err
-		}
-	default:
-		d.fail(w, r, http.StatusNotFound, fmt.Errorf("no resource action %q", r.PathValue("action")))
-		return
 	}
-	d.act(w, r, dd)
+	d.actOneOf(w, r, dd, "resource", map[string]doer{
+		ActionResourceEnable:  set(d.c.EnableResource, "enabled"),
+		ActionResourceDisable: set(d.c.DisableResource, "disabled"),
+	})
 }
 
 func (d *Dashboard) routeProbe(w http.ResponseWriter, r *http.Request) {
@@ -115,26 +107,32 @@ func (d *Dashboard) routeProbe(w http.ResponseWriter, r *http.Request) {
 func (d *Dashboard) jobAction(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	dd := deed{action: "job." + r.PathValue("action"), target: name, ev: wire.Event{JobID: name}, back: "/jobs/" + url.PathEscape(name)}
-	switch dd.action {
-	case ActionJobTrigger:
-		dd.do = func(ctx context.Context, _ *principal) (string, error) {
+	// set pauses or resumes the job and says so.
+	set := func(op func(ctx context.Context, name string) (client.JobInfo, error), done string) doer {
+		return func(ctx context.Context, _ *principal) (string, error) {
+			_, err := op(ctx, name)
+			return fmt.Sprintf("job %s %s", name, done), err
+		}
+	}
+	d.actOneOf(w, r, dd, "job", map[string]doer{
+		ActionJobTrigger: func(ctx context.Context, _ *principal) (string, error) {
 			run, err := d.c.TriggerJob(ctx, name)
 			return fmt.Sprintf("job %s fired task %s", name, run.TaskID), err
-		}
-	case ActionJobPause:
-		dd.do = func(ctx context.Context, _ *principal) (string, error) {
-			_, err := d.c.PauseJob(ctx, name)
-			return fmt.Sprintf("job %s is paused: it does not fire on schedule until resumed", name), err
-		}
-	case ActionJobResume:
-		dd.do = func(ctx context.Context, _ *principal) (string, error) {
-			_, err := d.c.ResumeJob(ctx, name)
-			return fmt.Sprintf("job %s fires on schedule again", name), err
-		}
-	default:
-		d.fail(w, r, http.StatusNotFound, fmt.Errorf("no job action %q", r.PathValue("action")))
+		},
+		ActionJobPause:  set(d.c.PauseJob, "is paused: it does not fire on schedule until resumed"),
+		ActionJobResume: set(d.c.ResumeJob, "fires on schedule again"),
+	})
+}
+
+// actOneOf takes the action dd names (see act), doing it with its entry in
+// dos; an action dos does not hold is no action on a kind: 404.
+func (d *Dashboard) actOneOf(w http.ResponseWriter, r *http.Request, dd deed, kind string, dos map[string]doer) {
+	do, ok := dos[dd.action]
+	if !ok {
+		d.fail(w, r, http.StatusNotFound, fmt.Errorf("no %s action %q", kind, r.PathValue("action")))
 		return
 	}
+	dd.do = do
 	d.act(w, r, dd)
 }
 

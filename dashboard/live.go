@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -258,49 +259,54 @@ func (d *Dashboard) auditLive(w http.ResponseWriter, r *http.Request) {
 	if id, err := ulid.ParseStrict(last); err == nil {
 		since = ulid.Time(id.Time())
 	}
-	ctx, cancel := d.streamContext(r)
-	s := startSSE(w)
-	events, wait := pump(ctx, cancel, d.c.TailAudit(ctx, q, since))
-	defer wait()
-	tick := time.NewTicker(heartbeat)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			if s.comment() != nil {
-				return
-			}
-		case it, ok := <-events:
-			if !ok {
-				return
-			}
-			if errors.Is(it.err, client.ErrMalformedEvent) {
-				continue
-			}
-			if it.err != nil {
-				_ = s.send("problem", "", it.err.Error())
-				return
-			}
-			if it.v.ID <= last {
-				continue
-			}
-			ev := liveEvent{Event: it.v, Time: it.v.Time.Format(time.RFC3339Nano), Ago: it.v.Time.Local().Format("15:04:05.000")}
-			if s.send("audit", it.v.ID, ev) != nil {
-				return
-			}
+	relay(d, w, r, func(ctx context.Context) iter.Seq2[client.Event, error] {
+		return d.c.TailAudit(ctx, q, since)
+	}, func(s *sse, it item[client.Event]) bool {
+		if errors.Is(it.err, client.ErrMalformedEvent) {
+			return true
 		}
-	}
+		if it.err != nil {
+			_ = s.send("problem", "", it.err.Error())
+			return false
+		}
+		if it.v.ID <= last {
+			return true
+		}
+		ev := liveEvent{Event: it.v, Time: it.v.Time.Format(time.RFC3339Nano), Ago: it.v.Time.Local().Format("15:04:05.000")}
+		return s.send("audit", it.v.ID, ev) == nil
+	}, nil)
 }
 
 // taskOutput streams a task's output: the lines so far, then its live
 // lines until it ends ("end" then names its state).
 func (d *Dashboard) taskOutput(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	relay(d, w, r, func(ctx context.Context) iter.Seq2[client.OutputLine, error] {
+		return d.c.TaskLogs(ctx, id, client.LogOptions{Follow: true})
+	}, func(s *sse, it item[client.OutputLine]) bool {
+		if it.err != nil {
+			_ = s.send("problem", "", it.err.Error())
+			return false
+		}
+		return s.send("line", "", it.v) == nil
+	}, func(ctx context.Context, s *sse) {
+		state := ""
+		if rec, err := d.c.Task(ctx, id); err == nil {
+			state = string(rec.State)
+		}
+		_ = s.send("end", "", state)
+	})
+}
+
+// relay streams what open's sequence yields to the browser as server-sent
+// events, with a heartbeat comment when there is no news, until the
+// browser leaves or send says to stop. send sends one item, or reports its
+// error, and says whether to go on; end, when not nil, runs when the
+// sequence ends.
+func relay[T any](d *Dashboard, w http.ResponseWriter, r *http.Request, open func(ctx context.Context) iter.Seq2[T, error], send func(s *sse, it item[T]) bool, end func(ctx context.Context, s *sse)) {
 	ctx, cancel := d.streamContext(r)
 	s := startSSE(w)
-	lines, wait := pump(ctx, cancel, d.c.TaskLogs(ctx, id, client.LogOptions{Follow: true}))
+	items, wait := pump(ctx, cancel, open(ctx))
 	defer wait()
 	tick := time.NewTicker(heartbeat)
 	defer tick.Stop()
@@ -312,20 +318,14 @@ func (d *Dashboard) taskOutput(w http.ResponseWriter, r *http.Request) {
 			if s.comment() != nil {
 				return
 			}
-		case it, ok := <-lines:
+		case it, ok := <-items:
 			if !ok {
-				state := ""
-				if rec, err := d.c.Task(ctx, id); err == nil {
-					state = string(rec.State)
+				if end != nil {
+					end(ctx, s)
 				}
-				_ = s.send("end", "", state)
 				return
 			}
-			if it.err != nil {
-				_ = s.send("problem", "", it.err.Error())
-				return
-			}
-			if s.send("line", "", it.v) != nil {
+			if !send(s, it) {
 				return
 			}
 		}

@@ -35,18 +35,10 @@ alertd per system: two would send every alert twice.`,
 }
 
 func (a *app) alertd(ctx context.Context, cf *componentFlags) error {
-	log, err := a.logger()
+	log, cfg, err := a.startComponent(cf, "alerts")
 	if err != nil {
 		return err
 	}
-	if err := a.checkComponentHTTP(cf.httpListen); err != nil {
-		return err
-	}
-	cfg, err := cf.load()
-	if err != nil {
-		return err
-	}
-	logSections(log, cf.configPath, cfg, "alerts")
 	nc, _, err := a.connectComponent(ctx, log, cf, "gantry-alertd")
 	if err != nil {
 		return err

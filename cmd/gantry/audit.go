@@ -327,12 +327,8 @@ func (a *app) auditBackup(ctx context.Context, dir string, wait time.Duration) e
 		if a.json {
 			return a.printJSON(reply)
 		}
-		var size int64
-		for _, f := range reply.Files {
-			size += f.Size
-		}
 		fmt.Fprintf(a.stdout, "audit store backed up into %s: %d files, %d bytes, taken %s\n",
-			dir, len(reply.Files), size, reply.Time.Local().Format(eventTimeLayout))
+			dir, len(reply.Files), total(reply.Files, func(f wire.AuditBackupFile) int64 { return f.Size }), reply.Time.Local().Format(eventTimeLayout))
 		return nil
 	})
 }

@@ -98,18 +98,10 @@ machines.`,
 }
 
 func (a *app) auditd(ctx context.Context, dataDir string, af *auditdFlags, cf *componentFlags) error {
-	log, err := a.logger()
+	log, _, err := a.startComponent(cf)
 	if err != nil {
 		return err
 	}
-	if err := a.checkComponentHTTP(cf.httpListen); err != nil {
-		return err
-	}
-	cfg, err := cf.load()
-	if err != nil {
-		return err
-	}
-	logSections(log, cf.configPath, cfg)
 	nc, _, err := a.connectComponent(ctx, log, cf, "gantry-auditd")
 	if err != nil {
 		return err

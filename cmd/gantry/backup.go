@@ -77,20 +77,12 @@ func (a *app) backup(ctx context.Context, dir string, noAudit bool, wait time.Du
 		if a.json {
 			return a.printJSON(m)
 		}
-		var msgs uint64
-		var size int64
-		for _, s := range m.Streams {
-			msgs += s.Messages
-		}
-		for _, f := range m.Files {
-			size += f.Size
-		}
-		what := fmt.Sprintf("%d streams (%d messages)", len(m.Streams), msgs)
+		what := fmt.Sprintf("%d streams (%d messages)", len(m.Streams), total(m.Streams, func(s wire.BackupStream) uint64 { return s.Messages }))
 		if m.Audit != nil {
 			what += " and the audit store"
 		}
 		_, err = fmt.Fprintf(a.stdout, "backed up %s into %s: %d files, %s, in %s\n",
-			what, dir, len(m.Files), byteSize(size), m.Finished.Sub(m.Started).Round(time.Millisecond))
+			what, dir, len(m.Files), byteSize(total(m.Files, func(f wire.BackupFile) int64 { return f.Size })), m.Finished.Sub(m.Started).Round(time.Millisecond))
 		return err
 	})
 }
@@ -226,10 +218,7 @@ func (a *app) restore(ctx context.Context, dir, dataDir string) (err error) {
 	if a.json {
 		return a.printJSON(restored)
 	}
-	var msgs uint64
-	for _, s := range restored.Streams {
-		msgs += s.Messages
-	}
+	msgs := total(restored.Streams, func(s backup.RestoredStream) uint64 { return s.Messages })
 	_, err = fmt.Fprintf(a.stdout, "restored %s into %s: %d streams (%d messages), %d audit store files; "+
 		"%d leases revoked, %d resources reclaimed, %d task records completed, %d tasks set NEEDS_REVIEW\n"+
 		"start it with: gantry run --data %s\n",

@@ -9,12 +9,14 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/gantry-dev/gantry/bench"
 	"github.com/gantry-dev/gantry/internal/logging"
@@ -78,106 +80,68 @@ only an explicit --server points bench at an existing system.
 	pf.StringArrayVar(&f.runArgs, "run-flag", nil, "a flag for the 'gantry run' bench starts, e.g. --run-flag=--concurrency=256 (repeatable)")
 	cmd.Flags().DurationVar(&f.soak, "soak", 0, "run the soak scenario for this long at 200 tasks/s")
 
-	var tasks int
-	throughput := &cobra.Command{
-		Use:   "throughput",
-		Short: "N noop tasks published at once; tasks/s until every TASK_FINISHED is seen, vs raw publish + consume + ack",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.bench(cmd.Context(), f, "throughput", func(ctx context.Context, r *bench.Run, rep *benchReport) (err error) {
-				rep.Throughput, err = r.Throughput(ctx, tasks)
-				return err
-			})
-		},
-	}
-	throughput.Flags().IntVar(&tasks, "tasks", 40000, "tasks to publish")
-
 	var (
-		latRate int
-		latFor  time.Duration
+		tasks, backlogTasks, latRate, audRate, soakRate int
+		latFor, leaseFor, audFor, soakFor, soakEvery    time.Duration
 	)
-	latency := &cobra.Command{
-		Use:   "latency",
-		Short: "submit→start and submit→finished p50/p99/p99.9 at a fixed rate, vs raw publish → consume",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.bench(cmd.Context(), f, "latency", func(ctx context.Context, r *bench.Run, rep *benchReport) (err error) {
-				rep.Latency, err = r.Latency(ctx, latRate, latFor)
-				return err
-			})
-		},
+	// The scenarios: each a subcommand that runs one bench.Run method.
+	flags := map[string]*pflag.FlagSet{}
+	for _, s := range []struct {
+		name, short string
+		run         func(ctx context.Context, r *bench.Run) (any, error)
+	}{
+		{"throughput", "N noop tasks published at once; tasks/s until every TASK_FINISHED is seen, vs raw publish + consume + ack",
+			func(ctx context.Context, r *bench.Run) (any, error) { return r.Throughput(ctx, tasks) }},
+		{"latency", "submit→start and submit→finished p50/p99/p99.9 at a fixed rate, vs raw publish → consume",
+			func(ctx context.Context, r *bench.Run) (any, error) { return r.Latency(ctx, latRate, latFor) }},
+		{"lease", "lease acquire+release cycles/s (events included) vs raw KV puts",
+			func(ctx context.Context, r *bench.Run) (any, error) { return r.Lease(ctx, leaseFor) }},
+		{"audit", "events/s produced vs stored by auditd at a fixed task rate, and its backlog",
+			func(ctx context.Context, r *bench.Run) (any, error) { return r.Audit(ctx, audRate, audFor) }},
+		{"backlog", "N tasks queued on a paused queue: RSS, then time to drain, vs raw drain",
+			func(ctx context.Context, r *bench.Run) (any, error) { return r.Backlog(ctx, backlogTasks) }},
+		{"soak", "a steady task rate for a duration, sampling RSS, goroutines, open files and stream sizes",
+			func(ctx context.Context, r *bench.Run) (any, error) { return r.Soak(ctx, soakRate, soakFor, soakEvery) }},
+	} {
+		sub := &cobra.Command{
+			Use:   s.name,
+			Short: s.short,
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return a.bench(cmd.Context(), f, s.name, func(ctx context.Context, r *bench.Run, rep *benchReport) error {
+					v, err := s.run(ctx, r)
+					rep.keep(v)
+					return err
+				})
+			},
+		}
+		flags[s.name] = sub.Flags()
+		cmd.AddCommand(sub)
 	}
-	latency.Flags().IntVar(&latRate, "rate", 1000, "tasks a second")
-	latency.Flags().DurationVar(&latFor, "duration", 5*time.Second, "how long to publish")
-
-	var leaseFor time.Duration
-	leaseCmd := &cobra.Command{
-		Use:   "lease",
-		Short: "lease acquire+release cycles/s (events included) vs raw KV puts",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.bench(cmd.Context(), f, "lease", func(ctx context.Context, r *bench.Run, rep *benchReport) (err error) {
-				rep.Lease, err = r.Lease(ctx, leaseFor)
-				return err
-			})
-		},
-	}
-	leaseCmd.Flags().DurationVar(&leaseFor, "duration", 5*time.Second, "how long each side runs")
-
-	var (
-		audRate int
-		audFor  time.Duration
-	)
-	auditCmd := &cobra.Command{
-		Use:   "audit",
-		Short: "events/s produced vs stored by auditd at a fixed task rate, and its backlog",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.bench(cmd.Context(), f, "audit", func(ctx context.Context, r *bench.Run, rep *benchReport) (err error) {
-				rep.Audit, err = r.Audit(ctx, audRate, audFor)
-				return err
-			})
-		},
-	}
-	auditCmd.Flags().IntVar(&audRate, "rate", 1000, "tasks a second")
-	auditCmd.Flags().DurationVar(&audFor, "duration", 5*time.Second, "how long to publish")
-
-	var backlogTasks int
-	backlog := &cobra.Command{
-		Use:   "backlog",
-		Short: "N tasks queued on a paused queue: RSS, then time to drain, vs raw drain",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.bench(cmd.Context(), f, "backlog", func(ctx context.Context, r *bench.Run, rep *benchReport) (err error) {
-				rep.Backlog, err = r.Backlog(ctx, backlogTasks)
-				return err
-			})
-		},
-	}
-	backlog.Flags().IntVar(&backlogTasks, "tasks", 100000, "tasks to queue (the issue's target is at 1000000)")
-
-	var (
-		soakRate  int
-		soakFor   time.Duration
-		soakEvery time.Duration
-	)
-	soak := &cobra.Command{
-		Use:   "soak",
-		Short: "a steady task rate for a duration, sampling RSS, goroutines, open files and stream sizes",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.bench(cmd.Context(), f, "soak", func(ctx context.Context, r *bench.Run, rep *benchReport) (err error) {
-				rep.Soak, err = r.Soak(ctx, soakRate, soakFor, soakEvery)
-				return err
-			})
-		},
-	}
-	soak.Flags().IntVar(&soakRate, "rate", 200, "tasks a second")
-	soak.Flags().DurationVar(&soakFor, "duration", 10*time.Minute, "how long to run")
-	soak.Flags().DurationVar(&soakEvery, "sample-every", 5*time.Second, "how often to sample")
-
-	cmd.AddCommand(throughput, latency, leaseCmd, auditCmd, backlog, soak)
+	flags["throughput"].IntVar(&tasks, "tasks", 40000, "tasks to publish")
+	pacedFlags(flags["latency"], &latRate, &latFor, 1000, 5*time.Second, "how long to publish")
+	flags["lease"].DurationVar(&leaseFor, "duration", 5*time.Second, "how long each side runs")
+	pacedFlags(flags["audit"], &audRate, &audFor, 1000, 5*time.Second, "how long to publish")
+	flags["backlog"].IntVar(&backlogTasks, "tasks", 100000, "tasks to queue (the issue's target is at 1000000)")
+	pacedFlags(flags["soak"], &soakRate, &soakFor, 200, 10*time.Minute, "how long to run")
+	flags["soak"].DurationVar(&soakEvery, "sample-every", 5*time.Second, "how often to sample")
 	return cmd
+}
+
+// keep puts a scenario's result in the report's field of its type.
+func (rep *benchReport) keep(v any) {
+	for _, f := range []any{&rep.Throughput, &rep.Latency, &rep.Lease, &rep.Audit, &rep.Backlog, &rep.Soak} {
+		if dst := reflect.ValueOf(f).Elem(); dst.Type() == reflect.TypeOf(v) {
+			dst.Set(reflect.ValueOf(v))
+		}
+	}
+}
+
+// pacedFlags are the flags of a scenario that publishes at a fixed rate
+// for a while: --rate and --duration, with their defaults.
+func pacedFlags(fs *pflag.FlagSet, rate *int, d *time.Duration, defRate int, defFor time.Duration, forHelp string) {
+	fs.IntVar(rate, "rate", defRate, "tasks a second")
+	fs.DurationVar(d, "duration", defFor, forHelp)
 }
 
 // bench connects to the system (starting one unless --server was given),

@@ -87,6 +87,26 @@ func logSections(log *slog.Logger, path string, cfg *config.File, uses ...string
 	}
 }
 
+// startComponent does what a lone component command does first: it opens
+// the log, checks --http-listen and loads the config file, then logs the
+// sections of it the component does not use (see logSections). An error
+// after the log opened comes back with the log, to report it with.
+func (a *app) startComponent(cf *componentFlags, uses ...string) (*slog.Logger, *config.File, error) {
+	log, err := a.logger()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := a.checkComponentHTTP(cf.httpListen); err != nil {
+		return log, nil, err
+	}
+	cfg, err := cf.load()
+	if err != nil {
+		return log, nil, err
+	}
+	logSections(log, cf.configPath, cfg, uses...)
+	return log, cfg, nil
+}
+
 // connectComponent opens the connection of a component process. A broker
 // that does not answer yet is waited for, up to --connect-timeout, saying
 // so; once connected, every loss and return of the broker is logged with

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 
 	"github.com/nats-io/nats.go"
@@ -48,19 +49,13 @@ logs every loss and return of the broker.`,
 }
 
 func (a *app) healthd(ctx context.Context, cf *componentFlags) error {
-	log, err := a.logger()
-	if err != nil {
-		return err
-	}
-	if err := a.checkComponentHTTP(cf.httpListen); err != nil {
-		return err
-	}
-	cfg, err := cf.load()
-	if err != nil {
+	log, cfg, err := a.startComponent(cf, "routes")
+	if errors.Is(err, config.ErrInvalid) {
 		a.rejectConfig(ctx, log, "healthd", err)
+	}
+	if err != nil {
 		return err
 	}
-	logSections(log, cf.configPath, cfg, "routes")
 	nc, js, err := a.connectComponent(ctx, log, cf, "gantry-healthd")
 	if err != nil {
 		return err

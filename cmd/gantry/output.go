@@ -24,6 +24,16 @@ func (a *app) printJSONLine(v any) error {
 	return json.NewEncoder(a.stdout).Encode(v)
 }
 
+// total adds up what at reads from each of xs, for a command's summary
+// line.
+func total[T any, N int64 | uint64](xs []T, at func(T) N) N {
+	var n N
+	for _, x := range xs {
+		n += at(x)
+	}
+	return n
+}
+
 // jsonError is how an error reads on stderr under --json.
 type jsonError struct {
 	Error string `json:"error"`
