@@ -131,6 +131,13 @@ func AddService(nc *nats.Conn, name, description string, endpoints ...Endpoint) 
 			return nil, fmt.Errorf("add endpoint %s of %s: %w", ep.Subject, name, err)
 		}
 	}
+	// The server has the endpoints' subscriptions once it answers a ping: a
+	// component that reports ready after this is one a request reaches (a
+	// client acting on "gantry ready" got "no service answers" without it).
+	if err := nc.Flush(); err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("add service %s: %w", name, err)
+	}
 	return svc, nil
 }
 
