@@ -68,6 +68,10 @@ var docsFollow = []string{
 // them at its own broker.
 var docsRemote = regexp.MustCompile(`nats://[a-z][a-z0-9.-]*:4222`)
 
+// docsHTTP is the default HTTP address the examples use; the test points
+// it at its own gantry's.
+var docsHTTP = regexp.MustCompile(`http://127\.0\.0\.1:8420`)
+
 // docsFiles are the scratch files the examples name.
 var docsFiles = map[string]string{
 	"summary.json": `{"cmd":["echo","summary"]}`,
@@ -245,6 +249,7 @@ func runDocPage(t *testing.T, bin string, haveNATS bool, cmds []docCommand) {
 	for _, c := range cmds {
 		line := docsRemote.ReplaceAllString(c.line, ready.NATS)
 		line = docsPaths.ReplaceAllString(line, "$1./$2/")
+		line = docsHTTP.ReplaceAllString(line, ready.HTTP)
 		if (strings.HasPrefix(line, "gantry run") || strings.HasPrefix(line, "gantry broker")) && !strings.Contains(line, "--nats-listen") {
 			// Not the default ports: a person's gantry may hold them.
 			line += " --nats-listen 127.0.0.1:0 --http-listen 127.0.0.1:0"

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -17,7 +18,8 @@ import (
 // check is one readiness condition; nil means ready.
 type check func(ctx context.Context) error
 
-// httpServer serves /healthz, /readyz and /metrics.
+// httpServer serves /healthz, /readyz and /metrics, and /debug/pprof/ on
+// loopback.
 type httpServer struct {
 	log    *slog.Logger
 	ln     net.Listener
@@ -45,9 +47,24 @@ func newHTTPServer(addr string, log *slog.Logger, reg *prometheus.Registry) (*ht
 		ErrorHandling: promhttp.ContinueOnError,
 		Registry:      reg,
 	}))
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && tcp.IP.IsLoopback() {
+		addProfiles(mux)
+	}
 	h.mux = mux
 	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return h, nil
+}
+
+// addProfiles serves the Go runtime's profiles (heap, goroutines, CPU,
+// allocations) under /debug/pprof/, as Prometheus and nats-server do. Only
+// on a loopback listener: a profile shows what the process holds, and
+// taking one costs the process time, so beyond loopback it is not offered.
+func addProfiles(mux *http.ServeMux) {
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 }
 
 // addCheck adds a readiness condition under name.

@@ -36,15 +36,16 @@ func TestRunReadyAndSIGTERM(t *testing.T) {
 			t.Errorf("buckets = %v, want %s", buckets, want)
 		}
 	}
-	for _, path := range []string{"/healthz", "/readyz"} {
+	// On loopback the Go runtime's profiles are served too (docs/operations.md).
+	for path, want := range map[string]string{"/healthz": "ok", "/readyz": "ready", "/debug/pprof/heap?debug=1": "heap profile", "/debug/pprof/goroutine?debug=1": "goroutine profile"} {
 		resp, err := http.Get(ready.HTTP + path)
 		if err != nil {
 			t.Fatalf("GET %s: %v", path, err)
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("GET %s = %d %q, want 200", path, resp.StatusCode, body)
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+			t.Errorf("GET %s = %d %.200q, want 200 with %q", path, resp.StatusCode, body, want)
 		}
 	}
 	nc.Close()
