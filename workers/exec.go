@@ -16,6 +16,39 @@ import (
 	"github.com/gantry-dev/gantry/internal/proctree"
 )
 
+// execHandler is the built-in exec handler.
+type execHandler struct{ w *Workers }
+
+func (h execHandler) Run(ctx context.Context, t *Task) error { return h.w.runExec(ctx, t) }
+
+// check tells whether t's command can start at all, before its resource is
+// taken: a command that is missing or not executable, or a dir that does
+// not exist, is a permanent failure that never moves the resource to
+// RUNNING. What only starting can tell is left to Run.
+func (execHandler) check(t *Task) error {
+	var p wire.ExecPayload
+	if err := decodePayload(t, &p); err != nil {
+		return err
+	}
+	if len(p.Cmd) == 0 || p.Cmd[0] == "" {
+		return errEmptyCmd
+	}
+	cmd := exec.Command(p.Cmd[0], p.Cmd[1:]...)
+	cmd.Dir = p.Dir
+	if err := proctree.Check(cmd); cannotStart(err) {
+		return Permanent(fmt.Errorf("exec: %w", err))
+	}
+	return nil
+}
+
+// cannotStart reports whether err says a command cannot start as given, so
+// that retrying changes nothing.
+func cannotStart(err error) bool {
+	return errors.Is(err, proctree.ErrNotFound) || errors.Is(err, proctree.ErrNotExecutable) || errors.Is(err, proctree.ErrBadDir)
+}
+
+var errEmptyCmd = permanentf("exec payload: cmd is empty: want [\"prog\", \"arg\", …]")
+
 // runExec is the built-in exec: it runs the payload's command as a process
 // tree that timeout and cancel kill as a whole.
 func (w *Workers) runExec(ctx context.Context, t *Task) error {
@@ -24,7 +57,7 @@ func (w *Workers) runExec(ctx context.Context, t *Task) error {
 		return err
 	}
 	if len(p.Cmd) == 0 || p.Cmd[0] == "" {
-		return permanentf("exec payload: cmd is empty: want [\"prog\", \"arg\", …]")
+		return errEmptyCmd
 	}
 	cpFile, cpBefore, err := w.checkpointFile(ctx, t)
 	if err != nil {
@@ -56,7 +89,7 @@ func (w *Workers) runExec(ctx context.Context, t *Task) error {
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("exec %s: stopped before it started: %w", p.Cmd[0], context.Cause(ctx))
-	case errors.Is(err, proctree.ErrNotFound), errors.Is(err, proctree.ErrNotExecutable), errors.Is(err, proctree.ErrBadDir):
+	case cannotStart(err):
 		// The command cannot start as given: retrying changes nothing.
 		return Permanent(fmt.Errorf("exec: %w", err))
 	case err != nil:

@@ -3,6 +3,7 @@
 package workers
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/proctree/proctreetest"
+	"github.com/gantry-dev/gantry/lease"
 )
 
 // treeScript starts two background sleeps, writes the pids of the shell and
@@ -144,6 +146,42 @@ func TestExecCannotStart(t *testing.T) {
 			t.Errorf("%s: record = attempts %d, last error %q; want 1 and %q", tc.id, rec.Attempts, rec.LastError, tc.want)
 		}
 	}
+}
+
+// TestExecCannotStartOnResource: an exec task on a resource whose command
+// cannot start goes to NEEDS_REVIEW without taking the resource: no lease,
+// no RUNNING, not a single write to the resource's record.
+func TestExecCannotStartOnResource(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := resources(t, b)
+	before, err := res.Add(context.Background(), lease.ResourceSpec{ID: "cam1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.start(t, Config{Policy: fastPolicy}, nil)
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		id      string
+		payload wire.ExecPayload
+		want    string
+	}{
+		{"res-missing", wire.ExecPayload{Cmd: []string{"./missing.sh"}, Dir: dir}, "exec: ./missing.sh: not found"},
+		{"res-bad-dir", wire.ExecPayload{Cmd: []string{"true"}, Dir: filepath.Join(dir, "nowhere")}, "no such directory"},
+	} {
+		b.publish(t, wire.TaskSubject("", "exec"), execTask(tc.id, tc.payload, `,"resource":"cam1"`))
+		rec := b.waitState(t, tc.id, wire.TaskNeedsReview, 10*time.Second)
+		if rec.Attempts != 1 || !strings.Contains(rec.LastError, tc.want) {
+			t.Errorf("%s: record = attempts %d, last error %q; want 1 and %q", tc.id, rec.Attempts, rec.LastError, tc.want)
+		}
+	}
+	after := resourceState(t, res, "cam1")
+	if after.State != wire.ResourceAvailable || after.Revision != before.Revision {
+		t.Errorf("cam1 = %s at revision %d, want AVAILABLE at %d (never leased, never RUNNING)", after.State, after.Revision, before.Revision)
+	}
+	// The resource still serves a task that can run.
+	b.publish(t, wire.TaskSubject("", "exec"), execTask("res-ok", wire.ExecPayload{Cmd: []string{"true"}}, `,"resource":"cam1"`))
+	b.waitState(t, "res-ok", wire.TaskSucceeded, 10*time.Second)
 }
 
 func TestExecCheckpointDir(t *testing.T) {

@@ -310,6 +310,13 @@ func (d *delivery) execute(ctx context.Context, attempt int) {
 	var holder *lease.ResourceHolder
 	stateDelay := w.cfg.StateDelay
 	if d.rec.Resource != "" {
+		// A task that cannot run at all does not take its resource.
+		if c, ok := w.handler(d.rec.Type).(checker); ok {
+			if err := c.check(&Task{ID: id, Type: d.rec.Type, Queue: d.rec.Queue, Attempt: attempt, Payload: d.task.Payload, Resource: d.rec.Resource}); err != nil {
+				d.settle(context.WithoutCancel(ctx), &Task{ID: id}, err)
+				return
+			}
+		}
 		var waited, ok bool
 		if holder, waited, ok = d.lease(ctx, tctx, cancel); !ok {
 			return

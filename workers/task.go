@@ -30,6 +30,12 @@ type Handler interface {
 	Run(ctx context.Context, t *Task) error
 }
 
+// checker is a built-in handler that can tell, before the task's resource
+// is taken, that a task cannot run at all (a permanent failure).
+type checker interface {
+	check(t *Task) error
+}
+
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(ctx context.Context, t *Task) error
 

@@ -352,7 +352,7 @@ func New(cfg Config, nc *nats.Conn) (*Workers, error) {
 		return nil, fmt.Errorf("workers: %w", err)
 	}
 	w.handlers["noop"] = HandlerFunc(w.runNoop)
-	w.handlers["exec"] = HandlerFunc(w.runExec)
+	w.handlers["exec"] = execHandler{w}
 	w.handlers["http"] = HandlerFunc(w.runHTTP)
 	w.handlers["sql"] = HandlerFunc(w.runSQL)
 	w.handlers["backup"] = HandlerFunc(w.runBackup)

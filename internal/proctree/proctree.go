@@ -127,6 +127,17 @@ func startErrorf(kind error, format string, args ...any) error {
 	return &startError{msg: fmt.Sprintf(format, args...), kind: kind}
 }
 
+// Check tells, without starting anything, whether cmd could start as
+// given: an error wrapping ErrNotFound, ErrNotExecutable or ErrBadDir if
+// not. Start checks the same; a caller that must not act before a command
+// that cannot start (take a resource for it, say) checks first.
+func Check(cmd *exec.Cmd) error {
+	if err := checkDir(cmd.Dir); err != nil {
+		return err
+	}
+	return checkProgram(cmd)
+}
+
 // checkDir refuses a Dir the command could not start in.
 func checkDir(dir string) error {
 	if dir == "" {
@@ -202,10 +213,7 @@ func (s *Starter) Start(cmd *exec.Cmd) (*Tree, error) {
 	if cmd.SysProcAttr != nil {
 		return nil, errors.New("proctree: cmd.SysProcAttr is set: Start sets it to make the tree")
 	}
-	if err := checkDir(cmd.Dir); err != nil {
-		return nil, err
-	}
-	if err := checkProgram(cmd); err != nil {
+	if err := Check(cmd); err != nil {
 		return nil, err
 	}
 	prog, argv0 := cmd.Path, name(cmd)
