@@ -4,6 +4,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os/exec"
@@ -14,6 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/brokertest"
 	poll "github.com/gantry-dev/gantry/internal/check"
 )
 
@@ -121,6 +126,27 @@ func TestSplitComponents(t *testing.T) {
 	broker2 := watchGantry(t, "broker", "--nats-listen", addr, "--http-listen", "", "--data", data)
 	broker2.wait(t, 10*time.Second, readyMsg)
 	worker.wait(t, 10*time.Second, "broker connection back", "server", url)
+
+	// The config file's workers section reaches the split worker: a
+	// finished task's record is kept for its task_retention (2d), not the
+	// default 7 days.
+	if got := submitWait(t, url, "noop", "--id", "split-retention"); got != "SUCCEEDED" {
+		t.Fatalf("noop ended %s, want SUCCEEDED", got)
+	}
+	_, js := brokertest.Connect(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := js.Stream(ctx, "KV_"+wire.BucketTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := stream.GetLastMsgForSubject(ctx, "$KV."+wire.BucketTasks+".split-retention")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl := rec.Header.Get(jetstream.MsgTTLHeader); ttl != strconv.Itoa(2*24*3600) {
+		t.Errorf("finished record's %s = %q, want %d (task_retention: 2d from --config)", jetstream.MsgTTLHeader, ttl, 2*24*3600)
+	}
 
 	// No broker at all: the worker gives up after --connect-timeout.
 	start := time.Now()
