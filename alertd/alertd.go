@@ -133,11 +133,11 @@ func New(cfg Config, nc *nats.Conn) (*Alertd, error) {
 func (a *Alertd) Run(ctx context.Context) error {
 	return lifecycle.Run(ctx, &a.Base, func(_ context.Context, lc *lifecycle.Runner) error {
 		ctx := lc.StopContext()
-		var deliveries sync.WaitGroup
+		// Run waits for the sinks once the body has returned and ctx is
+		// cancelled, whether it stopped or failed to start.
 		for _, s := range a.sinks {
-			deliveries.Go(func() { s.run(ctx) })
+			lc.Go(func() { s.run(ctx) })
 		}
-		defer deliveries.Wait()
 		if a.has(config.AlertNeedsReview) {
 			cc, err := a.consume(ctx)
 			if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -258,6 +259,26 @@ func TestTakeAndRestore(t *testing.T) {
 	revoked := streamEvents(t, dst, wire.EventLeaseRevoked)
 	if len(revoked) != 3 {
 		t.Errorf("LEASE_REVOKED events = %d, want one per lease (3)", len(revoked))
+	}
+	// One RESOURCE_STATE_CHANGED of the restore per reclaimed resource,
+	// saying where it went; the restored stream also holds the source's.
+	moves := map[string][]string{}
+	for _, ev := range streamEvents(t, dst, wire.EventResourceStateChanged) {
+		if ev.Component != "restore" {
+			continue
+		}
+		var p struct {
+			From wire.ResourceState `json:"from"`
+			To   wire.ResourceState `json:"to"`
+		}
+		if err := json.Unmarshal(ev.Payload, &p); err != nil {
+			t.Fatal(err)
+		}
+		moves[ev.ResourceID] = append(moves[ev.ResourceID], string(p.From)+"->"+string(p.To))
+	}
+	wantMoves := map[string][]string{"cam1": {"LEASED->AVAILABLE"}, "cam2": {"RUNNING->AVAILABLE"}, "cam3": {"RUNNING->FAULT"}}
+	if !maps.EqualFunc(moves, wantMoves, slices.Equal) {
+		t.Errorf("RESOURCE_STATE_CHANGED events of the restore = %v, want one per reclaimed resource: %v", moves, wantMoves)
 	}
 
 	// t-ended and t-unpublished are parked; the others keep their state.

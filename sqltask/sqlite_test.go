@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/gantry-dev/gantry/broker/wire"
+	"github.com/gantry-dev/gantry/internal/check"
 )
 
 // sqliteDB returns Databases holding a fresh SQLite file as "plant", with a
@@ -199,5 +201,74 @@ func TestSQLiteErrorCodes(t *testing.T) {
 	}
 	if code, kind := classifySQLite(err); kind != KindConstraint || code != "275" {
 		t.Errorf("classifySQLite(CHECK violation) = %s, %s; want 275 (SQLITE_CONSTRAINT_CHECK), constraint", code, kind)
+	}
+}
+
+// TestSQLiteMaxOpen runs several statements at once on a database of
+// max_open 1 while another connection holds the write lock: one statement
+// takes the pool's only connection and waits for the lock, the others wait
+// for the connection, and the pool never opens a second. Once the lock is
+// released every statement runs.
+func TestSQLiteMaxOpen(t *testing.T) {
+	t.Parallel()
+	const n = 3
+	path := filepath.Join(t.TempDir(), "plant.db")
+	// A busy timeout longer than the wait below: the statement holding the
+	// connection waits for the lock instead of failing.
+	d := open(t, Database{Name: "plant", Driver: SQLite, DSN: "file:" + path + "?_pragma=busy_timeout(60000)", MaxOpen: 1})
+	mustRun(t, d, "plant", "CREATE TABLE readings (sensor TEXT)", "")
+	_, pool, err := d.pool("plant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pool.Stats().MaxOpenConnections; got != 1 {
+		t.Fatalf("MaxOpenConnections = %d, want 1", got)
+	}
+
+	other, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ctx := context.Background()
+	lock, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if _, err := lock.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	waits := pool.Stats().WaitCount
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, err := run(t, d, "plant", "INSERT INTO readings VALUES (?)", fmt.Sprintf(`["s%d"]`, i))
+			errs <- err
+		}()
+	}
+	check.For(t, 30*time.Second, 10*time.Millisecond, func() error {
+		s := pool.Stats()
+		if s.OpenConnections > 1 {
+			t.Fatalf("OpenConnections = %d with max_open 1, want at most 1", s.OpenConnections)
+		}
+		if s.InUse != 1 || s.WaitCount-waits != n-1 {
+			return fmt.Errorf("in use %d, waited for a connection %d; want 1 and %d", s.InUse, s.WaitCount-waits, n-1)
+		}
+		return nil
+	})
+	if _, err := lock.ExecContext(ctx, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Errorf("insert = %v, want nil once the lock is released", err)
+		}
+	}
+	if got := jsonOf(t, mustRun(t, d, "plant", "SELECT count(*) FROM readings", "").Rows); got != fmt.Sprintf("[[%d]]", n) {
+		t.Errorf("rows = %s, want [[%d]]", got, n)
+	}
+	if got := pool.Stats().OpenConnections; got != 1 {
+		t.Errorf("OpenConnections at the end = %d, want 1", got)
 	}
 }

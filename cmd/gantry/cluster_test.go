@@ -353,3 +353,124 @@ func storedEventIDs(ctx context.Context, cl *client.Client) (map[string]bool, er
 		q.Cursor = page.Cursor
 	}
 }
+
+// TestClusterFromConfig forms the cluster of startBrokers from the config
+// files' broker section alone (name, cluster, cluster_name, routes): every
+// stream and bucket gets three replicas on the three named members of the
+// named cluster. A member started again with --replicas 1, its file saying
+// replicas: 3, lowers them to one: an explicit flag wins over the file.
+func TestClusterFromConfig(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a cluster of three brokers takes a few seconds to form")
+	}
+	ports := brokertest.FreePorts(t, 6)
+	var routes, urls []string
+	for i := range 3 {
+		routes = append(routes, "nats-route://"+addr(ports[3+i]))
+		urls = append(urls, "nats://"+addr(ports[i]))
+	}
+	files, args := make([]string, 3), make([][]string, 3)
+	procs := make([]*proc, 3)
+	writeConfig := func(i int, extra string) {
+		t.Helper()
+		doc := fmt.Sprintf("broker:\n  name: cfg%d\n  cluster: %s\n  cluster_name: plant\n  routes: [%s]\n%s",
+			i, addr(ports[3+i]), strings.Join(routes, ", "), extra)
+		if err := os.WriteFile(files[i], []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		files[i] = filepath.Join(t.TempDir(), "broker.yaml")
+		writeConfig(i, "")
+		args[i] = []string{"broker", "--config", files[i], "--data", t.TempDir(), "--nats-listen", addr(ports[i]), "--http-listen", ""}
+		procs[i] = spawn(t, fmt.Sprintf("cfg%d", i), args[i]...)
+	}
+	for _, p := range procs {
+		p.waitReady(t, 60*time.Second)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, js := brokertest.Connect(t, strings.Join(urls, ","))
+	names := []string{wire.StreamTasks, wire.StreamAudit}
+	for _, b := range wire.Buckets {
+		names = append(names, "KV_"+b)
+	}
+	// replicas waits until every stream and bucket has want replicas,
+	// current, on members of the cluster plant named in the files.
+	replicas := func(want int) {
+		t.Helper()
+		poll.For(t, time.Minute, 100*time.Millisecond, func() error {
+			for _, name := range names {
+				s, err := js.Stream(ctx, name)
+				if err != nil {
+					return err
+				}
+				info := s.CachedInfo()
+				if info.Config.Replicas != want || info.Cluster == nil {
+					return fmt.Errorf("%s replicas = %d, want %d", name, info.Config.Replicas, want)
+				}
+				if info.Cluster.Name != "plant" {
+					return fmt.Errorf("%s cluster = %q, want plant", name, info.Cluster.Name)
+				}
+				peers := []string{info.Cluster.Leader}
+				for _, p := range info.Cluster.Replicas {
+					if !p.Current {
+						return fmt.Errorf("%s replica %s not current", name, p.Name)
+					}
+					peers = append(peers, p.Name)
+				}
+				if len(peers) != want {
+					return fmt.Errorf("%s peers = %v, want %d", name, peers, want)
+				}
+				for _, p := range peers {
+					if !strings.HasPrefix(p, "cfg") {
+						return fmt.Errorf("%s peer %q, want one of the names in the files (cfg0..cfg2)", name, p)
+					}
+				}
+			}
+			return nil
+		})
+	}
+	replicas(3)
+	// Every member follows the same meta leader, a member of plant.
+	poll.For(t, time.Minute, 100*time.Millisecond, func() error {
+		leaders := map[string]bool{}
+		for i, p := range procs {
+			l, err := metaLeader(p, fmt.Sprintf("cfg%d/plant", i))
+			if err != nil {
+				return err
+			}
+			leaders[l] = true
+		}
+		if len(leaders) != 1 || !leaders["cfg0/plant"] && !leaders["cfg1/plant"] && !leaders["cfg2/plant"] {
+			return fmt.Errorf("meta leaders = %v, want one, a member of plant", leaders)
+		}
+		return nil
+	})
+
+	procs[2].stop(t)
+	writeConfig(2, "  replicas: 3\n")
+	procs[2] = spawn(t, "cfg2'", append(args[2], "--replicas", "1")...)
+	procs[2].waitReady(t, 60*time.Second)
+	replicas(1)
+}
+
+// metaLeader returns the JetStream meta leader (server/cluster) that the
+// last such line of p's log names, p being the member self (server/cluster).
+func metaLeader(p *proc, self string) (string, error) {
+	lines := p.logged("metadata leader")
+	if len(lines) == 0 {
+		return "", fmt.Errorf("%s logged no meta leader", self)
+	}
+	var l logLine
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &l); err != nil {
+		return "", err
+	}
+	if strings.HasPrefix(l.Msg, "Self is new") {
+		return self, nil
+	}
+	if _, leader, ok := strings.Cut(l.Msg, "new metadata leader: "); ok {
+		return leader, nil
+	}
+	return "", fmt.Errorf("%s: %q, want a meta leader", self, l.Msg)
+}
