@@ -219,8 +219,9 @@ func TestTakeAndRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := info.CachedInfo().State.Msgs; n != 7 {
-		t.Errorf("restored GANTRY_TASKS messages = %d, want 7", n)
+	// 7 tasks, and the review markers of the 2 parked below.
+	if n := info.CachedInfo().State.Msgs; n != 9 {
+		t.Errorf("restored GANTRY_TASKS messages = %d, want 9", n)
 	}
 	cons, err := dst.JS.Consumer(ctx, wire.StreamTasks, "gantry-workers-default")
 	if err != nil {
@@ -302,6 +303,13 @@ func TestTakeAndRestore(t *testing.T) {
 		rec, _, err := store.Get(ctx, id)
 		if err != nil || rec.State != state {
 			t.Errorf("task %s = %s (err %v), want %s", id, rec.State, err, state)
+		}
+	}
+	// Each parked task is in review without its message: a marker says so.
+	for _, id := range got.TasksParked {
+		m, err := info.GetLastMsgForSubject(ctx, wire.ReviewSubject(id))
+		if err != nil || m.Header.Get(wire.HeaderNotKept) == "" {
+			t.Errorf("review subject of parked %s = %v, %v; want its not-kept marker", id, m, err)
 		}
 	}
 	if evs := streamEvents(t, dst, wire.EventNeedsReview); len(evs) != 2 {

@@ -262,6 +262,11 @@ func settleTasks(ctx context.Context, js jetstream.JetStream, em *audit.Emitter)
 			if _, err := store.Put(ctx, r); err != nil {
 				return completed, parked, err
 			}
+			if r.State == wire.TaskNeedsReview {
+				if err := tasks.MarkNotKept(ctx, js, r.ID); err != nil {
+					return completed, parked, err
+				}
+			}
 			completed = append(completed, r.ID)
 			continue
 		}
@@ -274,6 +279,9 @@ func settleTasks(ctx context.Context, js jetstream.JetStream, em *audit.Emitter)
 				"(it was published after the task stream was taken): submit it again if it should run", was)
 		}
 		if _, err := store.Put(ctx, r); err != nil {
+			return completed, parked, err
+		}
+		if err := tasks.MarkNotKept(ctx, js, r.ID); err != nil {
 			return completed, parked, err
 		}
 		if err := em.Emit(ctx, wire.Event{Type: wire.EventNeedsReview, Level: wire.LevelWarn, TaskID: r.ID, ResourceID: r.Resource,

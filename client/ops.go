@@ -205,6 +205,15 @@ func (c *Client) purge(ctx context.Context, id string, check func(TaskRecord) er
 	if err := store.DeleteAt(ctx, id, rev); err != nil {
 		return err
 	}
+	if cur.State == wire.TaskNeedsReview {
+		stream, err := c.js.Stream(ctx, wire.StreamTasks)
+		if err != nil {
+			return fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
+		}
+		if err := tasks.ForgetReview(ctx, stream, id); err != nil {
+			return err
+		}
+	}
 	return c.em.Emit(ctx, wire.Event{Type: wire.EventTaskPurged, TaskID: id, ResourceID: cur.Resource, JobID: cur.Job,
 		Message: "record purged by an operator", Payload: audit.Payload(map[string]any{"state": cur.State, "queue": cur.Queue, "type": cur.Type})})
 }

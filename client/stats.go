@@ -118,7 +118,8 @@ type AuditIngestStats struct {
 // Stats takes a picture of the system. A part that cannot be read is
 // named in Problems and left empty; Stats fails only when ctx does.
 //
-// Counting NEEDS_REVIEW tasks reads every task record of gantry_tasks;
+// Counting NEEDS_REVIEW tasks reads the record of each task in review
+// (found from the tasks stream's review subjects), not every task record;
 // the rest reads the stream's and consumers' counts and the small
 // buckets.
 func (c *Client) Stats(ctx context.Context) (Stats, error) {
@@ -323,14 +324,31 @@ func quantile(h wire.Histogram, q float64) *float64 {
 	return &v
 }
 
-// reviewCounts counts the NEEDS_REVIEW task records by queue and type.
+// reviewCounts counts the NEEDS_REVIEW tasks by queue and type: the tasks
+// with a message on their review subject (tasks.ReviewIDs), each checked
+// against its record. It reads as many records as there are tasks in
+// review, not the whole bucket, which holds every task of the retention.
 func (c *Client) reviewCounts(ctx context.Context) (map[string]map[string]int, error) {
-	list, err := c.Tasks(ctx, TaskFilter{State: TaskNeedsReview})
+	ids, err := tasks.ReviewIDs(ctx, c.js)
+	if err != nil {
+		return nil, err
+	}
+	store, err := c.taskStore(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]map[string]int{}
-	for _, r := range list {
+	for _, id := range ids {
+		r, _, err := store.Get(ctx, id)
+		if errors.Is(err, tasks.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if r.State != wire.TaskNeedsReview {
+			continue
+		}
 		if out[r.Queue] == nil {
 			out[r.Queue] = map[string]int{}
 		}

@@ -409,11 +409,9 @@ func (c *Client) RetryTask(ctx context.Context, id string) (TaskRecord, error) {
 	if _, err := store.Update(ctx, rec, rev); err != nil && !errors.Is(err, tasks.ErrChanged) {
 		return TaskRecord{}, err
 	}
-	if orig.Kept != "" {
-		// Requeued: the kept copy has done its job.
-		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(orig.Kept)); err != nil {
-			return TaskRecord{}, fmt.Errorf("task %s requeued, but its kept message on %s was not removed: %w", id, orig.Kept, err)
-		}
+	// Requeued: the kept copy has done its job.
+	if err := tasks.ForgetReview(ctx, stream, id); err != nil {
+		return TaskRecord{}, fmt.Errorf("task %s requeued, but: %w", id, err)
 	}
 	if err := c.em.Emit(ctx, wire.Event{Type: wire.EventRetryScheduled, TaskID: id, ResourceID: rec.Resource,
 		Message: "retried by an operator", Payload: audit.Payload(map[string]any{"class": "operator", "seq": ack.Sequence, "run": run})}); err != nil {

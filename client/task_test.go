@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker"
@@ -355,4 +356,73 @@ func TestSubmitSaysTheStorageIsFull(t *testing.T) {
 	}
 	free()
 	check.That(t, 20*time.Second, "a submit taken again", func() bool { return submit("") == nil })
+}
+
+// TestStatsCountsTasksInReview: the NEEDS_REVIEW counts of Stats come from
+// the tasks in review — those with a kept message, and a rejected one too
+// large to keep (its marker) — not from reading every task record; a
+// purge takes a task out of the count and its message or marker out of
+// the stream.
+func TestStatsCountsTasksInReview(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fail := workers.HandlerFunc(func(context.Context, *workers.Task) error { return workers.Permanent(errors.New("no")) })
+	b.startWorkers(t, workers.Config{MaxPayload: 256}, map[string]workers.Handler{"fail": fail})
+	c, ctx := b.c, ctx(t, 30*time.Second)
+	for i := range 3 {
+		if _, err := c.Submit(ctx, client.Task{Type: "fail", ID: fmt.Sprintf("fail-%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 5 {
+		if _, err := c.Submit(ctx, client.Task{Type: "noop"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Too large to keep: rejected, its message not kept.
+	big := nats.NewMsg(wire.TaskSubject("", "junk"))
+	big.Header.Set(jetstream.MsgIDHeader, "big-1")
+	big.Data = []byte(`{"payload":"` + strings.Repeat("x", 1000) + `"}`)
+	if _, err := b.env.JS.PublishMsg(ctx, big); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"fail-0", "fail-1", "fail-2", "big-1"} {
+		if rec, err := c.Wait(ctx, id); err != nil || rec.State != client.TaskNeedsReview {
+			t.Fatalf("Wait(%s) = %s, %v; want NEEDS_REVIEW", id, rec.State, err)
+		}
+	}
+	reviews := func(want int, byType map[string]int) {
+		t.Helper()
+		st, err := c.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range st.Queues {
+			if q.Queue == wire.DefaultQueue {
+				if q.NeedsReview != want || !maps.Equal(q.NeedsReviewByType, byType) {
+					t.Errorf("queue default: needs review %d %v, want %d %v", q.NeedsReview, q.NeedsReviewByType, want, byType)
+				}
+				return
+			}
+		}
+		t.Errorf("Stats has no queue default: %+v", st.Queues)
+	}
+	reviews(4, map[string]int{"fail": 3, "junk": 1})
+	for _, id := range []string{"fail-0", "big-1"} {
+		if err := c.PurgeTask(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reviews(2, map[string]int{"fail": 2})
+	stream, err := b.env.JS.Stream(ctx, wire.StreamTasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(wire.SubjectReviewAll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.State.Subjects) != 2 {
+		t.Errorf("review subjects after the purges = %v, want fail-1 and fail-2 only", info.State.Subjects)
+	}
 }

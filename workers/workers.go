@@ -1015,6 +1015,8 @@ func (w *Workers) needsReviewRecord(ctx context.Context, rec wire.TaskRecord, ms
 			return err
 		}
 		rec.Kept = wire.ReviewSubject(rec.ID)
+	} else if err := tasks.MarkNotKept(ctx, w.js, rec.ID); err != nil {
+		return err
 	}
 	if _, err := w.tasks.Put(ctx, rec); err != nil {
 		return fmt.Errorf("write task state %s: %w", rec.State, err)

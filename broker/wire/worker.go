@@ -128,6 +128,10 @@ const (
 	// first: `gantry task retry` publishes run 2, then 3… (see
 	// TaskRecord.Run).
 	HeaderRun = "Gantry-Run"
+	// HeaderNotKept marks the empty message on a NEEDS_REVIEW task's review
+	// subject when its own message could not be kept (too large, or not in
+	// a restored backup): every task in review has a message there.
+	HeaderNotKept = "Gantry-Not-Kept"
 )
 
 // TaskRun returns the run a task message's headers number: HeaderRun, or

@@ -51,7 +51,7 @@ func newSystemCollector(stats func(ctx context.Context) (client.Stats, error)) *
 	}
 	return &systemCollector{
 		stats:        stats,
-		tasks:        d("tasks", "Tasks by queue and state: WAITING (in the stream, not handed out), RUNNING (on a live worker), RETRY_WAIT (handed out, waiting for a retry or a delay), NEEDS_REVIEW (records).", "queue", "state"),
+		tasks:        d("tasks", "Tasks by queue and state: WAITING (in the stream, not handed out), RUNNING (on a live worker), RETRY_WAIT (handed out, waiting for a retry or a delay), NEEDS_REVIEW (tasks in review).", "queue", "state"),
 		needsReview:  d("tasks_needs_review", "NEEDS_REVIEW task records by queue and type.", "queue", "type"),
 		paused:       d("queue_paused", "1 while the queue is paused.", "queue"),
 		pending:      d("consumer_pending", "Messages of the tasks stream a consumer has not delivered yet.", "queue", "consumer"),

@@ -1,0 +1,62 @@
+package tasks
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gantry-dev/gantry/broker/wire"
+)
+
+// A NEEDS_REVIEW task has a message on its review subject
+// (gantry.review.<id>) of the tasks stream for as long as it is in review:
+// its kept message, or, when the message could not be kept (too large, or
+// not in a restored backup), an empty marker with wire.HeaderNotKept. So
+// the tasks in review are found by reading that subject space, which holds
+// as many messages as there are tasks in review, rather than every task
+// record: ReviewIDs.
+
+// MarkNotKept publishes the marker of task id, in review without its
+// message, and waits until the stream has it.
+func MarkNotKept(ctx context.Context, js jetstream.JetStream, id string) error {
+	m := nats.NewMsg(wire.ReviewSubject(id))
+	m.Header.Set(wire.HeaderNotKept, "1")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("mark task %s in review: %w", id, err)
+	}
+	return nil
+}
+
+// ForgetReview removes what the review subject of task id holds: its kept
+// message or its marker. The task's record no longer says NEEDS_REVIEW.
+func ForgetReview(ctx context.Context, stream jetstream.Stream, id string) error {
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(wire.ReviewSubject(id))); err != nil {
+		return fmt.Errorf("remove the kept message of task %s: %w", id, err)
+	}
+	return nil
+}
+
+// ReviewIDs returns the ids of the tasks with a message on their review
+// subject, from the stream's count of messages per subject: no message is
+// read. A purge or retry that was cut off can leave a message behind: a
+// caller checks each id's record.
+func ReviewIDs(ctx context.Context, js jetstream.JetStream) ([]string, error) {
+	stream, err := js.Stream(ctx, wire.StreamTasks)
+	if err != nil {
+		return nil, fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(wire.SubjectReviewAll))
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", wire.StreamTasks, err)
+	}
+	ids := make([]string, 0, len(info.State.Subjects))
+	for subject := range info.State.Subjects {
+		id := subject[len(wire.SubjectReviewPrefix)+1:]
+		if wire.ValidTaskID(id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
