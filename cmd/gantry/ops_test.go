@@ -516,4 +516,81 @@ func TestSplitWorkersPresenceAndQueuePause(t *testing.T) {
 			t.Errorf("task %s = exit %d, %s; want SUCCEEDED", id, code, stdout)
 		}
 	}
+	// The pause and the resume are audit events on gantry.audit.>, in
+	// that order.
+	_, js := brokertest.Connect(t, url)
+	var queueEvents []wire.Event
+	for _, typ := range []wire.EventType{wire.EventQueuePaused, wire.EventQueueResumed} {
+		for _, m := range streamMsgs(t, js, wire.StreamAudit, typ.Subject()) {
+			var ev wire.Event
+			if err := json.Unmarshal(m.Data, &ev); err != nil {
+				t.Fatalf("%s event %s: %v", typ, m.Data, err)
+			}
+			queueEvents = append(queueEvents, ev)
+		}
+	}
+	if len(queueEvents) != 2 || queueEvents[0].Type != wire.EventQueuePaused || queueEvents[1].Type != wire.EventQueueResumed ||
+		!queueEvents[0].Time.Before(queueEvents[1].Time) {
+		t.Fatalf("queue events = %+v, want QUEUE_PAUSED then QUEUE_RESUMED", queueEvents)
+	}
+	for i, wantReason := range []string{"maintenance", ""} {
+		var p struct{ Queue, Reason, By string }
+		if err := json.Unmarshal(queueEvents[i].Payload, &p); err != nil || p.Queue != "default" || p.Reason != wantReason || p.By == "" {
+			t.Errorf("%s payload %s; want queue default, reason %q, who", queueEvents[i].Type, queueEvents[i].Payload, wantReason)
+		}
+	}
+
+	// 'worker ls' shows the task w3 runs, until it ends.
+	stop := filepath.Join(t.TempDir(), "stop")
+	code, stdout, stderr := runInProcess(t, "submit", "exec", "--server", url,
+		"--payload", fmt.Sprintf(`{"cmd":["sh","-c","while [ ! -f %s ]; do sleep 0.05; done"]}`, stop))
+	if code != exitOK {
+		t.Fatalf("submit = exit %d, %s", code, stderr)
+	}
+	running := strings.TrimSpace(stdout)
+	poll.For(t, 10*time.Second, 100*time.Millisecond, func() error {
+		w := workerLs(t, url)[0]
+		if w.Running != 1 || len(w.Tasks) != 1 || w.Tasks[0].ID != running || w.Tasks[0].Type != "exec" || w.Tasks[0].Queue != "default" ||
+			w.Tasks[0].StartedAt.IsZero() {
+			return fmt.Errorf("w3 = running %d, tasks %+v; want exec task %s of queue default, started", w.Running, w.Tasks, running)
+		}
+		if col := workerColumn(t, url, "w3", "RUNNING"); col != "1" {
+			return fmt.Errorf("worker ls: w3's RUNNING = %q, want 1", col)
+		}
+		return nil
+	})
+	if err := os.WriteFile(stop, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	poll.For(t, 10*time.Second, 100*time.Millisecond, func() error {
+		if w := workerLs(t, url)[0]; w.Running != 0 || len(w.Tasks) != 0 {
+			return fmt.Errorf("w3 = running %d, tasks %+v; want none once the task ended", w.Running, w.Tasks)
+		}
+		if col := workerColumn(t, url, "w3", "RUNNING"); col != "0" {
+			return fmt.Errorf("worker ls: w3's RUNNING = %q, want 0", col)
+		}
+		return nil
+	})
+}
+
+// workerColumn returns the cell of worker's row under column in the table
+// 'gantry worker ls' prints.
+func workerColumn(t *testing.T, url, worker, column string) string {
+	t.Helper()
+	code, stdout, stderr := runInProcess(t, "worker", "ls", "--server", url)
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if code != exitOK || len(lines) < 2 {
+		t.Fatalf("worker ls = exit %d, %q, stderr %q", code, stdout, stderr)
+	}
+	col := slices.Index(strings.Fields(lines[0]), column)
+	if col < 0 {
+		t.Fatalf("worker ls header %q has no %s", lines[0], column)
+	}
+	for _, l := range lines[1:] {
+		if f := strings.Fields(l); len(f) > col && f[0] == worker {
+			return f[col]
+		}
+	}
+	t.Fatalf("worker ls = %q, no row for %s", stdout, worker)
+	return ""
 }
