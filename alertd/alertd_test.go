@@ -203,12 +203,14 @@ func (h *hook) received() []hookCall {
 	return append([]hookCall(nil), h.calls...)
 }
 
-// setup starts a broker and alertd with alerts, and returns the broker.
-func setup(t *testing.T, alerts config.Alerts) (*brokertest.Env, *Alertd, *prometheus.Registry) {
+// setup starts a broker and alertd with cfg (its logger and metrics
+// filled in), and returns the broker.
+func setup(t *testing.T, cfg Config) (*brokertest.Env, *Alertd, *prometheus.Registry) {
 	t.Helper()
 	env := brokertest.Start(t)
 	reg := prometheus.NewRegistry()
-	a, err := New(Config{Alerts: alerts, Logger: env.Log, Metrics: reg}, env.NC)
+	cfg.Logger, cfg.Metrics = env.Log, reg
+	a, err := New(cfg, env.NC)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -280,7 +282,7 @@ func TestNeedsReviewAndLongRunningOneMailAndOneCallPerWindow(t *testing.T) {
 		Email: []config.Email{{Name: "ops-mail", Host: "127.0.0.1", Port: smtpd.addr.Port, Username: "ops", Password: "s3cret",
 			From: "gantry@plant.example", To: []string{"ops@plant.example"}, CAFile: smtpd.caFile}},
 	}
-	env, _, reg := setup(t, alerts)
+	env, _, reg := setup(t, Config{Alerts: alerts})
 
 	// Two exec tasks and one of another type go to NEEDS_REVIEW in one
 	// window: one alert, for the first; the second is held and counted.
@@ -391,7 +393,7 @@ func TestFailingWebhookIsRetriedAndHoldsNothingBack(t *testing.T) {
 		Email: []config.Email{{Name: "mail", Host: "127.0.0.1", Port: smtpd.addr.Port, Username: "ops", Password: "pw",
 			From: "gantry@plant.example", To: []string{"ops@plant.example"}, CAFile: smtpd.caFile}},
 	}
-	env, _, reg := setup(t, alerts)
+	env, _, reg := setup(t, Config{Alerts: alerts})
 	needsReview(t, env, "task-exec", "exec", "boom")
 	// The webhook fails its first attempt...
 	check.For(t, 10*time.Second, 10*time.Millisecond, func() error {

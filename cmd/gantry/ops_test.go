@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -20,7 +21,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
+	"github.com/gantry-dev/gantry/internal/brokertest"
 	poll "github.com/gantry-dev/gantry/internal/check"
 	"github.com/gantry-dev/gantry/internal/proxytest"
 )
@@ -82,14 +85,36 @@ next:
 // submitWait submits a task and waits for its end, returning its state.
 func submitWait(t *testing.T, url string, args ...string) string {
 	t.Helper()
+	_, state := submitWaitID(t, url, args...)
+	return state
+}
+
+// submitWaitID is submitWait, also returning the task's id.
+func submitWaitID(t *testing.T, url string, args ...string) (id, state string) {
+	t.Helper()
 	code, stdout, stderr := runInProcess(t, append(append([]string{"submit"}, args...), "--wait", "--json", "--server", url)...)
 	var rec struct {
+		ID    string `json:"id"`
 		State string `json:"state"`
 	}
 	if err := json.Unmarshal([]byte(stdout), &rec); err != nil {
 		t.Fatalf("submit %v = exit %d, stdout %q, stderr %q", args, code, stdout, stderr)
 	}
-	return rec.State
+	return rec.ID, rec.State
+}
+
+// bulk runs a bulk task command (task purge, task retry --all) with
+// --json and decodes its result.
+func bulk(t *testing.T, url string, args ...string) (client.BulkResult, int, string) {
+	t.Helper()
+	code, stdout, stderr := runInProcess(t, append(slices.Clip(args), "--json", "--server", url)...)
+	var res client.BulkResult
+	if code == exitOK {
+		if err := json.Unmarshal([]byte(stdout), &res); err != nil {
+			t.Fatalf("gantry %v --json printed %q: %v", args, stdout, err)
+		}
+	}
+	return res, code, stderr
 }
 
 // promtool finds promtool, failing under CI when it is missing and
@@ -125,6 +150,7 @@ resources:
   - {id: cam1}
 jobs:
   - {name: tick, type: noop, queue: jobs, every: 1s}
+  - {name: held, type: noop, queue: jobs, every: 1s, overlap: forbid}
 alerts:
   check_interval: 100ms
   rules:
@@ -133,7 +159,7 @@ alerts:
     - {name: down, url: %q, retry_base: 50ms, max_attempts: 3}
 `, proxy.URL(), site.URL, proxytest.ClosedAddr(t), site.URL, failingHook.URL))
 	_, ready := startGantry(t, "run", "--config", cfg, "--data", dir, "--nats-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
-		"--backoff-base", "100ms", "--backoff-max", "200ms")
+		"--backoff-base", "100ms", "--backoff-max", "200ms", "--delay", "100ms")
 	url := ready.NATS
 
 	// A task that goes to NEEDS_REVIEW (and whose alert's webhook fails),
@@ -153,6 +179,10 @@ alerts:
 	}
 	if got := submitWait(t, url, "exec", "--resource", "cam1", "--payload", `{"cmd":["true"]}`); got != "SUCCEEDED" {
 		t.Fatalf("exec on cam1 ended %s, want SUCCEEDED", got)
+	}
+	// An operator holds cam1's lease until the metrics have shown it.
+	if code, _, stderr := runInProcess(t, "lease", "acquire", "cam1", "--owner", "ops", "--ttl", "5m", "--server", url); code != exitOK {
+		t.Fatalf("lease acquire cam1 = exit %d, %s", code, stderr)
 	}
 	// The bad route's probes fail until it cools down.
 	poll.For(t, 20*time.Second, 10*time.Millisecond, func() error {
@@ -195,8 +225,9 @@ alerts:
 			{"gantry_tasks_needs_review", []string{"queue", "default", "type", "exec"}, eq(1), "1"},
 			{"gantry_tasks", []string{"queue", "jobs", "state", "WAITING"}, atLeast(1), "at least 1 (the job's tasks, no worker)"},
 			{"gantry_consumer_pending", []string{"queue", "default"}, eq(0), "0"},
-			{"gantry_leases_held", nil, eq(0), "0"},
-			{"gantry_resource_state", []string{"resource", "cam1", "state", "AVAILABLE"}, eq(1), "1"},
+			{"gantry_leases_held", nil, eq(1), "1 (the operator's)"},
+			{"gantry_resource_state", []string{"resource", "cam1", "state", "LEASED"}, eq(1), "1"},
+			{"gantry_resource_state", []string{"resource", "cam1", "state", "AVAILABLE"}, eq(0), "0"},
 			{"gantry_resource_utilisation_ratio", []string{"resource", "cam1"}, atLeast(0), "a ratio"},
 			{"gantry_route_state", []string{"route", "bad", "state", "COOLDOWN"}, eq(1), "1"},
 			{"gantry_route_state", []string{"route", "good", "state", "AVAILABLE"}, eq(1), "1"},
@@ -205,6 +236,8 @@ alerts:
 			{"gantry_workers", nil, eq(1), "1"},
 			{"gantry_scheduler_leader", nil, eq(1), "1"},
 			{"gantry_scheduler_fires_total", []string{"job", "tick"}, atLeast(1), "at least 1"},
+			{"gantry_scheduler_fires_total", []string{"job", "held"}, eq(1), "1 (its run never ends)"},
+			{"gantry_scheduler_skips_total", []string{"job", "held", "reason", "overlap"}, atLeast(1), "at least 1"},
 			{"gantry_scheduler_fire_lag_seconds", nil, atLeast(1), "observations"},
 			{"gantry_auditd_events_stored_total", nil, atLeast(10), "at least 10"},
 			{"gantry_auditd_pending_events", nil, atLeast(0), "a gauge"},
@@ -243,29 +276,102 @@ alerts:
 		return nil
 	})
 
-	// Bulk review: counted on a dry run, then done, each audited.
+	if code, _, stderr := runInProcess(t, "lease", "release", "cam1", "--owner", "ops", "--server", url); code != exitOK {
+		t.Fatalf("lease release cam1 = exit %d, %s", code, stderr)
+	}
+
+	// A task whose first attempt asks to be tried later (a delay exit
+	// code): a retry of class delay, and an error of kind delayed.
+	delayed := filepath.Join(dir, "delayed")
+	payload := fmt.Sprintf(`{"cmd":["sh","-c","test -f %s || { touch %s; exit 75; }"],"delay_exit_codes":[75]}`, delayed, delayed)
+	if got := submitWait(t, url, "exec", "--payload", payload); got != "SUCCEEDED" {
+		t.Fatalf("delayed exec ended %s, want SUCCEEDED after a delay", got)
+	}
+	poll.For(t, 10*time.Second, 100*time.Millisecond, func() error {
+		_, fams := scrape(t, ready.HTTP)
+		for _, c := range []struct {
+			name   string
+			labels []string
+			want   float64
+		}{
+			{"gantry_task_retries_total", []string{"type", "exec", "class", "delay"}, 1},
+			{"gantry_task_retries_total", []string{"type", "exec", "class", "retry"}, 1},
+			{"gantry_task_errors_total", []string{"type", "exec", "kind", "delayed"}, 1},
+			{"gantry_tasks_finished_total", []string{"type", "exec", "state", "SUCCEEDED"}, 3},
+		} {
+			if got, ok := value(fams, c.name, c.labels...); !ok || got != c.want {
+				return fmt.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
+			}
+		}
+		return nil
+	})
+
+	// Bulk review, counted on a dry run, then done, each audited. A
+	// second exec task needs review. --older-than 3s selects the three
+	// noop tasks once they are that old, and not a fresh one.
+	if got := submitWait(t, url, "exec", "--payload", `{"cmd":["sh","-c","exit 3"],"fail_exit_codes":[3]}`); got != "NEEDS_REVIEW" {
+		t.Fatalf("second exec exit 3 ended %s, want NEEDS_REVIEW", got)
+	}
+	purgeOld := []string{"task", "purge", "--state", "SUCCEEDED", "--type", "noop", "--queue", "default", "--older-than", "3s"}
+	poll.For(t, 15*time.Second, 100*time.Millisecond, func() error {
+		if res, code, stderr := bulk(t, url, append(purgeOld, "--dry-run")...); code != exitOK || res.Matched != 3 {
+			return fmt.Errorf("purge --older-than 3s --dry-run = exit %d, %+v (stderr %q); want the 3 noop tasks once they are 3s old", code, res, stderr)
+		}
+		return nil
+	})
+	fresh, state := submitWaitID(t, url, "noop")
+	if state != "SUCCEEDED" {
+		t.Fatalf("fresh noop ended %s, want SUCCEEDED", state)
+	}
+	var retried []string
 	for _, tc := range []struct {
 		args []string
 		want client.BulkResult
 	}{
-		{[]string{"task", "purge", "--state", "SUCCEEDED", "--type", "noop", "--queue", "default", "--dry-run"}, client.BulkResult{Matched: 3, DryRun: true}},
-		{[]string{"task", "purge", "--state", "SUCCEEDED", "--type", "noop", "--queue", "default"}, client.BulkResult{Matched: 3, Done: 3}},
-		{[]string{"task", "retry", "--all", "--type", "exec", "--dry-run"}, client.BulkResult{Matched: 1, DryRun: true}},
-		{[]string{"task", "retry", "--all", "--type", "exec"}, client.BulkResult{Matched: 1, Done: 1}},
+		{[]string{"task", "purge", "--state", "SUCCEEDED", "--type", "noop", "--queue", "default", "--dry-run"}, client.BulkResult{Matched: 4, DryRun: true}},
+		{append(purgeOld, "--dry-run"), client.BulkResult{Matched: 3, DryRun: true}},
+		{purgeOld, client.BulkResult{Matched: 3, Done: 3}},
+		{[]string{"task", "retry", "--all", "--type", "exec", "--dry-run"}, client.BulkResult{Matched: 2, DryRun: true}},
+		{[]string{"task", "retry", "--all", "--type", "exec"}, client.BulkResult{Matched: 2, Done: 2}},
 	} {
-		code, stdout, stderr := runInProcess(t, append(tc.args, "--json", "--server", url)...)
-		var res client.BulkResult
-		if err := json.Unmarshal([]byte(stdout), &res); err != nil || code != exitOK ||
-			res.Matched != tc.want.Matched || res.Done != tc.want.Done || res.DryRun != tc.want.DryRun || len(res.IDs) != res.Matched {
-			t.Errorf("gantry %v = exit %d, %q (stderr %q); want %+v", tc.args, code, stdout, stderr, tc.want)
+		res, code, stderr := bulk(t, url, tc.args...)
+		if code != exitOK || res.Matched != tc.want.Matched || res.Done != tc.want.Done || res.DryRun != tc.want.DryRun || len(res.IDs) != res.Matched {
+			t.Errorf("gantry %v = exit %d, %+v (stderr %q); want %+v", tc.args, code, res, stderr, tc.want)
+		}
+		if slices.Contains(tc.args, "--older-than") && slices.Contains(res.IDs, fresh) {
+			t.Errorf("gantry %v selected %s, which ended under 3s ago", tc.args, fresh)
+		}
+		if tc.args[1] == "retry" && !tc.want.DryRun {
+			retried = res.IDs
 		}
 	}
-	if code, stdout, _ := runInProcess(t, "task", "ls", "--state", "SUCCEEDED", "--type", "noop", "--json", "--server", url); code != exitOK || strings.TrimSpace(stdout) != "[]" {
-		t.Errorf("task ls after purge = exit %d, %q; want no noop record", code, stdout)
+	code, stdout, _ := runInProcess(t, "task", "ls", "--state", "SUCCEEDED", "--type", "noop", "--json", "--server", url)
+	var left []client.TaskRecord
+	if err := json.Unmarshal([]byte(stdout), &left); err != nil || code != exitOK || len(left) != 1 || left[0].ID != fresh {
+		t.Errorf("task ls after purge = exit %d, %q; want the fresh noop %s alone", code, stdout, fresh)
 	}
-	code, stdout, _ := runInProcess(t, "audit", "query", "--type", "TASK_PURGED", "--json", "--server", url)
-	if code != exitOK || strings.Count(stdout, `"TASK_PURGED"`) != 3 {
-		t.Errorf("audit query --type TASK_PURGED = exit %d, %q; want 3 events", code, stdout)
+	waitQuery(t, url, 3, "--type", "TASK_PURGED")
+	// One RETRY_SCHEDULED by the operator per task retried, in the audit
+	// stream once the command has returned.
+	_, js := brokertest.Connect(t, url)
+	byOperator := map[string]int{}
+	for _, m := range streamMsgs(t, js, wire.StreamAudit, wire.EventRetryScheduled.Subject()) {
+		var ev wire.Event
+		var p struct{ Class string }
+		if err := json.Unmarshal(m.Data, &ev); err != nil || json.Unmarshal(ev.Payload, &p) != nil {
+			t.Fatalf("RETRY_SCHEDULED event %s", m.Data)
+		}
+		if p.Class == "operator" {
+			byOperator[ev.TaskID]++
+		}
+	}
+	if len(byOperator) != len(retried) {
+		t.Errorf("operator RETRY_SCHEDULED events by task = %v, want one for each of %v", byOperator, retried)
+	}
+	for _, id := range retried {
+		if byOperator[id] != 1 {
+			t.Errorf("operator RETRY_SCHEDULED events for %s = %d, want 1", id, byOperator[id])
+		}
 	}
 
 	t.Run("promtool", func(t *testing.T) {
@@ -410,4 +516,81 @@ func TestSplitWorkersPresenceAndQueuePause(t *testing.T) {
 			t.Errorf("task %s = exit %d, %s; want SUCCEEDED", id, code, stdout)
 		}
 	}
+	// The pause and the resume are audit events on gantry.audit.>, in
+	// that order.
+	_, js := brokertest.Connect(t, url)
+	var queueEvents []wire.Event
+	for _, typ := range []wire.EventType{wire.EventQueuePaused, wire.EventQueueResumed} {
+		for _, m := range streamMsgs(t, js, wire.StreamAudit, typ.Subject()) {
+			var ev wire.Event
+			if err := json.Unmarshal(m.Data, &ev); err != nil {
+				t.Fatalf("%s event %s: %v", typ, m.Data, err)
+			}
+			queueEvents = append(queueEvents, ev)
+		}
+	}
+	if len(queueEvents) != 2 || queueEvents[0].Type != wire.EventQueuePaused || queueEvents[1].Type != wire.EventQueueResumed ||
+		!queueEvents[0].Time.Before(queueEvents[1].Time) {
+		t.Fatalf("queue events = %+v, want QUEUE_PAUSED then QUEUE_RESUMED", queueEvents)
+	}
+	for i, wantReason := range []string{"maintenance", ""} {
+		var p struct{ Queue, Reason, By string }
+		if err := json.Unmarshal(queueEvents[i].Payload, &p); err != nil || p.Queue != "default" || p.Reason != wantReason || p.By == "" {
+			t.Errorf("%s payload %s; want queue default, reason %q, who", queueEvents[i].Type, queueEvents[i].Payload, wantReason)
+		}
+	}
+
+	// 'worker ls' shows the task w3 runs, until it ends.
+	stop := filepath.Join(t.TempDir(), "stop")
+	code, stdout, stderr := runInProcess(t, "submit", "exec", "--server", url,
+		"--payload", fmt.Sprintf(`{"cmd":["sh","-c","while [ ! -f %s ]; do sleep 0.05; done"]}`, stop))
+	if code != exitOK {
+		t.Fatalf("submit = exit %d, %s", code, stderr)
+	}
+	running := strings.TrimSpace(stdout)
+	poll.For(t, 10*time.Second, 100*time.Millisecond, func() error {
+		w := workerLs(t, url)[0]
+		if w.Running != 1 || len(w.Tasks) != 1 || w.Tasks[0].ID != running || w.Tasks[0].Type != "exec" || w.Tasks[0].Queue != "default" ||
+			w.Tasks[0].StartedAt.IsZero() {
+			return fmt.Errorf("w3 = running %d, tasks %+v; want exec task %s of queue default, started", w.Running, w.Tasks, running)
+		}
+		if col := workerColumn(t, url, "w3", "RUNNING"); col != "1" {
+			return fmt.Errorf("worker ls: w3's RUNNING = %q, want 1", col)
+		}
+		return nil
+	})
+	if err := os.WriteFile(stop, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	poll.For(t, 10*time.Second, 100*time.Millisecond, func() error {
+		if w := workerLs(t, url)[0]; w.Running != 0 || len(w.Tasks) != 0 {
+			return fmt.Errorf("w3 = running %d, tasks %+v; want none once the task ended", w.Running, w.Tasks)
+		}
+		if col := workerColumn(t, url, "w3", "RUNNING"); col != "0" {
+			return fmt.Errorf("worker ls: w3's RUNNING = %q, want 0", col)
+		}
+		return nil
+	})
+}
+
+// workerColumn returns the cell of worker's row under column in the table
+// 'gantry worker ls' prints.
+func workerColumn(t *testing.T, url, worker, column string) string {
+	t.Helper()
+	code, stdout, stderr := runInProcess(t, "worker", "ls", "--server", url)
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if code != exitOK || len(lines) < 2 {
+		t.Fatalf("worker ls = exit %d, %q, stderr %q", code, stdout, stderr)
+	}
+	col := slices.Index(strings.Fields(lines[0]), column)
+	if col < 0 {
+		t.Fatalf("worker ls header %q has no %s", lines[0], column)
+	}
+	for _, l := range lines[1:] {
+		if f := strings.Fields(l); len(f) > col && f[0] == worker {
+			return f[col]
+		}
+	}
+	t.Fatalf("worker ls = %q, no row for %s", stdout, worker)
+	return ""
 }
