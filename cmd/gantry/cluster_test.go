@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,12 +67,28 @@ func (c *cluster) servers() string { return strings.Join(c.urls, ",") }
 // is lost, each operation key runs once, every task finishes, the audit
 // store holds every event of the stream, and the killed broker rejoins and
 // catches up.
+// failoverSize is how many tasks TestClusterFailover submits:
+// GANTRY_FAILOVER_N for a longer run than the default 1,500.
+func failoverSize(t *testing.T) int {
+	t.Helper()
+	v := os.Getenv("GANTRY_FAILOVER_N")
+	if v == "" {
+		return 1500
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 30 {
+		t.Fatalf("GANTRY_FAILOVER_N = %q, want a number ≥ 30", v)
+	}
+	return n
+}
+
 func TestClusterFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a three-broker cluster under load takes about a minute")
 	}
+	n := failoverSize(t)
 	c := startBrokers(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), max(3*time.Minute, time.Duration(n)*120*time.Millisecond))
 	defer cancel()
 	cl, err := client.Connect(ctx, client.Options{Servers: c.servers()})
 	if err != nil {
@@ -111,7 +128,6 @@ func TestClusterFailover(t *testing.T) {
 
 	// Submit tasks with operation keys from 8 clients; kill the leader of
 	// the tasks stream a third of the way through.
-	const n = 1500
 	out := t.TempDir()
 	var (
 		submitted sync.Map // key -> task id, once acknowledged
@@ -124,7 +140,7 @@ func TestClusterFailover(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for {
-				i := next.Add(1) - 1
+				i := int(next.Add(1) - 1)
 				if i >= n {
 					return
 				}
@@ -162,7 +178,7 @@ func TestClusterFailover(t *testing.T) {
 			<-worker.done
 		}
 	})
-	poll.For(t, 90*time.Second, 50*time.Millisecond, func() error {
+	poll.For(t, max(90*time.Second, time.Duration(n)*60*time.Millisecond), 50*time.Millisecond, func() error {
 		recs, err := cl.Tasks(ctx, client.TaskFilter{Type: "exec"})
 		if err != nil {
 			return err
