@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -24,6 +26,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
+	"github.com/gantry-dev/gantry/dashboard"
 	poll "github.com/gantry-dev/gantry/internal/check"
 )
 
@@ -138,9 +141,12 @@ func (p tab) wait(what, expr string) {
 	})
 }
 
+// click clicks the element sel, once it is visible, within 30 s.
 func (p tab) click(sel string) {
 	p.t.Helper()
-	if err := chromedp.Do(p.ctx, chromedp.Click(chromedp.CSS(sel), chromedp.NodeVisible)); err != nil {
+	ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(sel), chromedp.NodeVisible)); err != nil {
 		p.t.Fatalf("click %s: %v", sel, err)
 	}
 }
@@ -229,7 +235,10 @@ func waitState(t *testing.T, c *client.Client, id string, want ...client.TaskSta
 // chromium: every page loads without a console error; a submitted task
 // appears and reaches SUCCEEDED without a reload, and its events reach
 // the live tail; a NEEDS_REVIEW task is retried from its page; a held
-// resource shows its holder. It takes the screenshots of docs/.
+// resource shows its holder. It takes the screenshots of docs/. Its
+// subtests go on with the same system and browser: the task list's
+// filters, a task's audit events, every action clicked through its
+// confirm dialog, and 'gantry ui'.
 func TestDashboardInBrowser(t *testing.T) {
 	t.Parallel()
 	chrome := chromium(t)
@@ -242,9 +251,10 @@ func TestDashboardInBrowser(t *testing.T) {
 	for i := range 6 {
 		submit(t, c, client.Task{Type: "noop", Payload: client.NoopPayload{Sleep: fmt.Sprintf("%dms", 50*i)}})
 	}
+	var reports []string
 	for _, name := range []string{"sales", "stock", "returns"} {
-		submit(t, c, client.Task{Type: "exec", Queue: "reports", Payload: client.ExecPayload{
-			Cmd: []string{"sh", "-c", "echo building the " + name + " report; echo 42 rows written"}}})
+		reports = append(reports, submit(t, c, client.Task{Type: "exec", Queue: "reports", Payload: client.ExecPayload{
+			Cmd: []string{"sh", "-c", "echo building the " + name + " report; echo 42 rows written"}}}))
 	}
 	failing := submit(t, c, client.Task{Type: "exec", Key: "line-2-export", Payload: client.ExecPayload{
 		Cmd:           []string{"sh", "-c", "echo connecting to plc-line-2; echo 'plc-line-2: connection refused' >&2; exit 3"},
@@ -326,10 +336,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	p.open("/tasks/" + failing)
 	p.wait("the payload, redacted", `document.body.textContent.includes("[REDACTED]") && !document.body.textContent.includes("hunter2")`)
 	p.shot("task")
-	p.click(`button[data-action="retry"]`)
-	p.wait("the confirm dialog", `document.getElementById("confirm").open`)
-	p.click("#confirm-yes")
-	p.wait("the retry's flash", `document.querySelector(".flash.ok") && document.querySelector(".flash.ok").textContent.includes("runs again")`)
+	p.confirm(`button[data-action="retry"]`, "ok", "runs again")
 	poll.For(t, 30*time.Second, 50*time.Millisecond, func() error {
 		rec, err := c.Task(ctx, failing)
 		if err != nil {
@@ -340,10 +347,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 		return nil
 	})
-	page2, err := c.QueryAudit(ctx, client.AuditQuery{TaskID: failing, Type: wire.EventDashboardAction})
-	if err != nil || len(page2.Events) != 1 || !strings.Contains(string(page2.Events[0].Payload), `"user":"local"`) {
-		t.Errorf("DASHBOARD_ACTION events of the retry = %v (%v), want one naming the user local", page2.Events, err)
-	}
+	actionRecorded(t, c, client.AuditQuery{TaskID: failing}, dashboard.ActionTaskRetry, "done")
 
 	// Resources: the held resource shows its holder, its line and the
 	// lease's countdown.
@@ -369,9 +373,330 @@ func TestDashboardInBrowser(t *testing.T) {
 	p.wait("heartbeat's runs", `document.querySelectorAll("#job-runs tbody tr .badge").length >= 2`)
 	p.shot("job")
 
+	t.Run("task list filters", func(t *testing.T) {
+		p := tab{t: t, ctx: bctx, base: base}
+		rows := `[...document.querySelectorAll("tr[data-task]")].map(tr => tr.dataset.task).sort()`
+		for _, tc := range []struct {
+			fields map[string]string
+			want   []string
+		}{
+			{map[string]string{"state": "NEEDS_REVIEW"}, []string{failing}},
+			{map[string]string{"q": "LINE-2-EXPORT"}, []string{failing}},          // its key, in another case
+			{map[string]string{"q": "plc-line-2: connection"}, []string{failing}}, // its last error
+			{map[string]string{"state": "CANCELLED", "type": "noop"}, []string{later}},
+			{map[string]string{"state": "WAITING", "queue": "default", "type": "noop", "q": queued}, []string{queued}},
+		} {
+			p.open("/tasks")
+			p.filter(tc.fields)
+			p.waitList(fmt.Sprintf("the rows filtered by %v", tc.fields), rows, slices.Sorted(slices.Values(tc.want)))
+		}
+		// A queue and a type: the report tasks, and only tasks of that
+		// queue and type (a job of the config may add its own).
+		p.open("/tasks")
+		p.filter(map[string]string{"queue": "reports", "type": "exec"})
+		p.waitList("the report tasks among the rows", `[...document.querySelectorAll("tr[data-task]")].map(tr => tr.dataset.task).filter(id => `+jsList(reports)+`.includes(id)).sort()`,
+			slices.Sorted(slices.Values(reports)))
+		p.waitList("the queue and type of each row", `[...new Set([...document.querySelectorAll("tr[data-task]")].map(tr => tr.cells[2].textContent + " " + tr.cells[1].textContent))]`,
+			[]string{"reports exec"})
+	})
+
+	t.Run("task page audit events", func(t *testing.T) {
+		p := tab{t: t, ctx: bctx, base: base}
+		// The retried task's page lists its events from the audit store,
+		// oldest first, the retry's DASHBOARD_ACTION among them.
+		p.open("/tasks/" + failing)
+		p.waitStored("the task's audit events", c, client.AuditQuery{TaskID: failing}, "#task-events table.events", false,
+			wire.EventTaskCreated, wire.EventRetryScheduled, wire.EventDashboardAction)
+	})
+
+	t.Run("actions", func(t *testing.T) {
+		p := tab{t: t, ctx: bctx, base: base}
+
+		// Cancel: the running task's process is stopped.
+		p.open("/tasks/" + running)
+		p.confirm(`button[data-action="cancel"]`, "ok", "cancelled (it was RUNNING)")
+		waitState(t, c, running, client.TaskCancelled)
+		actionRecorded(t, c, client.AuditQuery{TaskID: running}, dashboard.ActionTaskCancel, "done")
+
+		// Purge: answering Cancel in the dialog does nothing; Confirm
+		// removes the record, and the page returns to the task list.
+		p.open("/tasks/" + later)
+		if _, err := eval[bool](p, "window.gantryMark = true"); err != nil {
+			t.Fatal(err)
+		}
+		p.click(`button[data-action="purge"]`)
+		p.wait("the confirm dialog", `document.getElementById("confirm").open`)
+		p.click(`#confirm button[value="no"]`)
+		p.wait("the dialog closed", `!document.getElementById("confirm").open`)
+		if still, err := eval[bool](p, `window.gantryMark === true && location.pathname === "/tasks/`+later+`"`); err != nil || !still {
+			t.Errorf("the page after Cancel in the purge dialog: same page %v (%v), want the task's page, not left", still, err)
+		}
+		if _, err := c.Task(ctx, later); err != nil {
+			t.Errorf("task %s after Cancel in the purge dialog: %v, want its record kept", later, err)
+		}
+		p.confirm(`button[data-action="purge"]`, "ok", "is purged")
+		p.wait("the task list", `location.pathname === "/tasks"`)
+		if _, err := c.Task(ctx, later); !errors.Is(err, client.ErrNotFound) {
+			t.Errorf("task %s after Purge = %v, want ErrNotFound", later, err)
+		}
+		actionRecorded(t, c, client.AuditQuery{TaskID: later}, dashboard.ActionTaskPurge, "done")
+
+		// Disable from the list, Enable from the resource's page.
+		p.open("/resources")
+		p.confirm(`tr[data-resource="cam1"] button[data-action="disable"]`, "ok", "resource cam1 is DISABLED")
+		waitResourceState(t, c, "cam1", wire.ResourceDisabled)
+		actionRecorded(t, c, client.AuditQuery{ResourceID: "cam1"}, dashboard.ActionResourceDisable, "done")
+		p.open("/resources/cam1")
+		p.confirm(`button[data-action="enable"]`, "ok", "resource cam1 is AVAILABLE")
+		waitResourceState(t, c, "cam1", wire.ResourceAvailable)
+		actionRecorded(t, c, client.AuditQuery{ResourceID: "cam1"}, dashboard.ActionResourceEnable, "done")
+
+		// Probe now: healthd probes the route at once and answers with
+		// the result: office answers, eu-proxy's proxy refuses.
+		p.open("/routes")
+		p.confirm(`tr[data-route="office"] button[data-action="probe"]`, "ok", "route office answered in")
+		actionRecorded(t, c, client.AuditQuery{RouteID: "office"}, dashboard.ActionRouteProbe, "done")
+		p.confirm(`tr[data-route="eu-proxy"] button[data-action="probe"]`, "error", "route eu-proxy failed its probe at the tcp stage")
+		actionRecorded(t, c, client.AuditQuery{RouteID: "eu-proxy"}, dashboard.ActionRouteProbe, "failed")
+
+		// Trigger fires a paused job; Pause and Resume change its status.
+		p.open("/jobs")
+		p.confirm(`tr[data-job="archive"] button[data-action="trigger"]`, "ok", "job archive fired task")
+		poll.For(t, 30*time.Second, 100*time.Millisecond, func() error {
+			runs, err := c.JobRuns(ctx, "archive", 0)
+			if err != nil {
+				return err
+			}
+			if len(runs) != 1 || runs[0].Trigger != wire.TriggerManual {
+				return fmt.Errorf("runs of archive = %+v, want one manual", runs)
+			}
+			return nil
+		})
+		actionRecorded(t, c, client.AuditQuery{JobID: "archive"}, dashboard.ActionJobTrigger, "done")
+		p.confirm(`tr[data-job="heartbeat"] button[data-action="pause"]`, "ok", "job heartbeat is paused")
+		waitJobStatus(t, c, "heartbeat", client.JobPaused)
+		actionRecorded(t, c, client.AuditQuery{JobID: "heartbeat"}, dashboard.ActionJobPause, "done")
+		p.confirm(`tr[data-job="archive"] button[data-action="resume"]`, "ok", "job archive fires on schedule again")
+		waitJobStatus(t, c, "archive", client.JobActive)
+		actionRecorded(t, c, client.AuditQuery{JobID: "archive"}, dashboard.ActionJobResume, "done")
+	})
+
+	t.Run("gantry ui", func(t *testing.T) {
+		// 'gantry ui' on loopback, a process of its own, shows the system
+		// of 'gantry run' through its broker, and acts on it.
+		_, ui := startGantry(t, "ui", "--server", sys.NATS, "--http-listen", "127.0.0.1:0")
+		u := tab{t: t, ctx: bctx, base: ui.HTTP}
+		u.open("/")
+		u.wait("the queues", `document.querySelector("#queues").textContent.includes("reports")`)
+		u.wait("the worker", `document.querySelector("#workers").textContent.includes("default")`)
+		u.open("/resources")
+		u.wait("printer's holder", `document.querySelector('tr[data-resource="printer"] .holder').textContent.includes("alice@desk-7")`)
+		u.open("/tasks")
+		u.wait("the failed task's row", fmt.Sprintf(`document.querySelector('tr[data-task="%s"] .badge').textContent === "NEEDS_REVIEW"`, failing))
+		u.open("/tasks/" + failing)
+		u.wait("its payload, redacted", `document.body.textContent.includes("[REDACTED]") && !document.body.textContent.includes("hunter2")`)
+		u.open("/audit")
+		u.wait("the live tail connected", `document.getElementById("tail-status").textContent === "live"`)
+		tailed := submit(t, c, client.Task{Type: "noop"})
+		u.wait("the task's end in the live tail", fmt.Sprintf(
+			`[...document.querySelectorAll("#tail tbody tr")].some(tr => tr.textContent.includes("TASK_FINISHED") && tr.querySelector("a[href='/tasks/%s']"))`, tailed))
+		// The stages of a probe come as healthd publishes them: office's
+		// with its next probe, eu-proxy's (in cooldown, not probed until
+		// it ends) when probed from the page.
+		u.open("/routes")
+		u.wait("office's probe", `document.querySelector('tr[data-route="office"] .stages')`)
+		u.wait("eu-proxy in cooldown", `document.querySelector('tr[data-route="eu-proxy"] .badge').textContent === "COOLDOWN"`)
+		u.confirm(`tr[data-route="eu-proxy"] button[data-action="probe"]`, "error", "route eu-proxy failed its probe at the tcp stage")
+		u.wait("eu-proxy's probe", `document.querySelector('tr[data-route="eu-proxy"] .sg-failed')`)
+		u.open("/jobs/nightly-report")
+		u.confirm(`button[data-action="trigger"]`, "ok", "job nightly-report fired task")
+		poll.For(t, 30*time.Second, 100*time.Millisecond, func() error {
+			runs, err := c.JobRuns(ctx, "nightly-report", 0)
+			if err != nil {
+				return err
+			}
+			if !slices.ContainsFunc(runs, func(r client.JobRun) bool { return r.Trigger == wire.TriggerManual }) {
+				return fmt.Errorf("runs of nightly-report = %+v, want a manual one", runs)
+			}
+			return nil
+		})
+		actionRecorded(t, c, client.AuditQuery{JobID: "nightly-report"}, dashboard.ActionJobTrigger, "done")
+	})
+
 	if errs := console.problems(); len(errs) > 0 {
 		t.Errorf("console errors and exceptions = %q, want none", errs)
 	}
+}
+
+// confirm clicks the action button sel, answers Confirm in the dialog
+// that asks first, and waits for the page the action returns to, with a
+// flash of kind ("ok" or "error") that says text.
+func (p tab) confirm(sel, kind, text string) {
+	p.t.Helper()
+	p.click(sel)
+	p.wait("the confirm dialog", `document.getElementById("confirm").open`)
+	p.click("#confirm-yes")
+	p.wait("the flash "+text, fmt.Sprintf(`[...document.querySelectorAll(".flash.%s")].some(f => f.textContent.includes(%q))`, kind, text))
+}
+
+// filter fills the filter form of the page as a person does, typing into
+// its inputs and choosing in its selects, submits it and waits for the
+// filtered page.
+func (p tab) filter(fields map[string]string) {
+	p.t.Helper()
+	var loaded []string
+	for name, v := range fields {
+		sel := chromedp.CSS(fmt.Sprintf(`form.filters [name=%q]`, name))
+		tag, err := eval[string](p, fmt.Sprintf(`document.querySelector('form.filters [name=%q]').tagName`, name))
+		if err != nil {
+			p.t.Fatalf("filter %s: %v", name, err)
+		}
+		if tag == "SELECT" {
+			err = chromedp.Do(p.ctx, chromedp.SetValue(sel, v))
+		} else if err = chromedp.Do(p.ctx, chromedp.Clear(sel)); err == nil {
+			err = chromedp.Do(p.ctx, chromedp.SendKeys(sel, v))
+		}
+		if err != nil {
+			p.t.Fatalf("filter %s: %v", name, err)
+		}
+		loaded = append(loaded, fmt.Sprintf(`new URLSearchParams(location.search).get(%q) === %q`, name, v))
+	}
+	p.click(`form.filters button[type="submit"]`)
+	p.wait("the filtered page", strings.Join(loaded, " && ")+` && document.readyState === "complete"`)
+}
+
+// waitList polls expr, a JavaScript array of strings, until it is want.
+func (p tab) waitList(what, expr string, want []string) {
+	p.t.Helper()
+	poll.For(p.t, 30*time.Second, 100*time.Millisecond, func() error {
+		got, err := eval[[]string](p, expr)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("%s = %q, want %q", what, got, want)
+		}
+		return nil
+	})
+}
+
+// waitStored polls until the events table sel of the page shows the
+// events q selects from the audit store (newest first, or oldest first),
+// and they include the types of mustHave.
+func (p tab) waitStored(what string, c *client.Client, q client.AuditQuery, sel string, newestFirst bool, mustHave ...wire.EventType) {
+	p.t.Helper()
+	poll.For(p.t, 30*time.Second, 200*time.Millisecond, func() error {
+		want := storedRows(p.t, c, q, newestFirst)
+		for _, typ := range mustHave {
+			if !slices.ContainsFunc(want, func(r string) bool { return strings.HasPrefix(r, string(typ)+" ") }) {
+				return fmt.Errorf("%s: no %s stored yet", what, typ)
+			}
+		}
+		got, err := eval[[]string](p, eventRows(sel))
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("%s = %q, want %q", what, got, want)
+		}
+		return nil
+	})
+}
+
+// eventRows is a JavaScript expression: the rows of the events table sel,
+// each as its type and message.
+func eventRows(sel string) string {
+	return fmt.Sprintf(`[...document.querySelectorAll('%s tbody tr')].filter(tr => tr.querySelector(".etype")).map(tr =>
+		tr.querySelector(".etype").textContent + " " + [...tr.querySelector(".msg").childNodes].filter(n => n.nodeType === Node.TEXT_NODE).map(n => n.textContent).join(""))`, sel)
+}
+
+// storedRows returns the events q selects from the audit store, each as
+// its type and message, newest first or oldest first.
+func storedRows(t testing.TB, c *client.Client, q client.AuditQuery, newestFirst bool) []string {
+	t.Helper()
+	var rows []string
+	for {
+		page, err := c.QueryAudit(t.Context(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range page.Events {
+			rows = append(rows, string(ev.Type)+" "+ev.Message)
+		}
+		if page.Cursor == "" {
+			break
+		}
+		q.Cursor = page.Cursor
+	}
+	if newestFirst {
+		slices.Reverse(rows)
+	}
+	return rows
+}
+
+// jsList is strs as a JavaScript array.
+func jsList(strs []string) string {
+	b, _ := json.Marshal(strs)
+	return string(b)
+}
+
+// actionRecorded waits for the DASHBOARD_ACTION event of action among the
+// events q selects, and checks that it names the user local, an operator,
+// and outcome.
+func actionRecorded(t *testing.T, c *client.Client, q client.AuditQuery, action, outcome string) {
+	t.Helper()
+	q.Type = wire.EventDashboardAction
+	var got wire.DashboardAction
+	var ev client.Event
+	poll.For(t, 30*time.Second, 100*time.Millisecond, func() error {
+		page, err := c.QueryAudit(t.Context(), q)
+		if err != nil {
+			return err
+		}
+		for _, ev = range page.Events {
+			if err := json.Unmarshal(ev.Payload, &got); err != nil {
+				return err
+			}
+			if got.Action == action {
+				return nil
+			}
+		}
+		return fmt.Errorf("no DASHBOARD_ACTION %s among the %d events of %+v", action, len(page.Events), q)
+	})
+	if got.User != dashboard.LocalUser || got.Role != string(dashboard.RoleOperator) || got.Outcome != outcome || ev.Component != "dashboard" {
+		t.Errorf("DASHBOARD_ACTION %s = user %q, role %q, outcome %q, component %q; want %s, %s, %s, dashboard",
+			action, got.User, got.Role, got.Outcome, ev.Component, dashboard.LocalUser, dashboard.RoleOperator, outcome)
+	}
+}
+
+// waitResourceState waits until resource id is in state want.
+func waitResourceState(t *testing.T, c *client.Client, id string, want wire.ResourceState) {
+	t.Helper()
+	poll.For(t, 30*time.Second, 50*time.Millisecond, func() error {
+		r, err := c.Resource(t.Context(), id)
+		if err != nil {
+			return err
+		}
+		if r.State != want {
+			return fmt.Errorf("resource %s = %s, want %s", id, r.State, want)
+		}
+		return nil
+	})
+}
+
+// waitJobStatus waits until job name's status is want.
+func waitJobStatus(t *testing.T, c *client.Client, name, want string) {
+	t.Helper()
+	poll.For(t, 30*time.Second, 50*time.Millisecond, func() error {
+		j, err := c.Job(t.Context(), name)
+		if err != nil {
+			return err
+		}
+		if j.Status != want {
+			return fmt.Errorf("job %s = %s, want %s", name, j.Status, want)
+		}
+		return nil
+	})
 }
 
 // TestDashboardRefusesCSRFLessPost posts an action to the dashboard of
