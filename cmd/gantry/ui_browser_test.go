@@ -23,10 +23,12 @@ import (
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/dashboard"
+	"github.com/gantry-dev/gantry/internal/audit"
 	poll "github.com/gantry-dev/gantry/internal/check"
 )
 
@@ -238,7 +240,7 @@ func waitState(t *testing.T, c *client.Client, id string, want ...client.TaskSta
 // resource shows its holder. It takes the screenshots of docs/. Its
 // subtests go on with the same system and browser: the task list's
 // filters, a task's audit events, every action clicked through its
-// confirm dialog, and 'gantry ui'.
+// confirm dialog, the audit page's filters and paging, and 'gantry ui'.
 func TestDashboardInBrowser(t *testing.T) {
 	t.Parallel()
 	chrome := chromium(t)
@@ -481,6 +483,75 @@ func TestDashboardInBrowser(t *testing.T) {
 		actionRecorded(t, c, client.AuditQuery{JobID: "archive"}, dashboard.ActionJobResume, "done")
 	})
 
+	t.Run("audit filters and paging", func(t *testing.T) {
+		p := tab{t: t, ctx: bctx, base: base}
+		// A type and a level: the failed probe's DASHBOARD_ACTION.
+		p.open("/audit")
+		p.filter(map[string]string{"type": string(wire.EventDashboardAction), "level": "warn"})
+		p.waitStored("the warnings among the dashboard's actions", c, client.AuditQuery{Type: wire.EventDashboardAction, Level: wire.LevelWarn}, "table.events:not(.live)", true,
+			wire.EventDashboardAction)
+
+		// The live tail follows the filters: with job=heartbeat, a task
+		// that ends meanwhile is not shown, the job's next fire is.
+		p.open("/audit")
+		p.filter(map[string]string{"job": "heartbeat"})
+		p.wait("the live tail connected", `document.getElementById("tail-status").textContent === "live"`)
+		other := submit(t, c, client.Task{Type: "noop"})
+		waitState(t, c, other, client.TaskSucceeded)
+		if _, err := c.TriggerJob(ctx, "heartbeat"); err != nil {
+			t.Fatal(err)
+		}
+		p.wait("heartbeat's fire in the live tail", `document.querySelectorAll("#tail tbody tr").length > 0`)
+		p.waitList("the live tail's events not of heartbeat", `[...document.querySelectorAll("#tail tbody tr")].filter(tr => !tr.querySelector('.about a[href="/jobs/heartbeat"]')).map(tr => tr.textContent)`,
+			[]string{})
+
+		// Older pages back through the store, three events at a time:
+		// the pages together are the task's events, newest first, each
+		// once.
+		stored := "table.events:not(.live)"
+		p.open("/audit")
+		p.filter(map[string]string{"task": failing, "limit": "3"})
+		if got, want := p.pageBack(stored, 3), storedRows(t, c, client.AuditQuery{TaskID: failing}, true); !slices.Equal(got, want) {
+			t.Errorf("the task's events paged back through = %q, want %q", got, want)
+		}
+
+		// So do events stamped with one time (a burst on a clock of
+		// coarse resolution), a page ending among them.
+		js, err := jetstream.New(c.Conn())
+		if err != nil {
+			t.Fatal(err)
+		}
+		em := audit.NewEmitter(js, "test", nil)
+		at := time.Now().Truncate(time.Millisecond)
+		for i := range 3 {
+			if err := em.Emit(ctx, wire.Event{Time: at, Type: wire.EventTaskCreated, TaskID: "one-instant", Message: fmt.Sprintf("event %d of 3 at one instant", i+1)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := waitStoredRows(t, c, client.AuditQuery{TaskID: "one-instant"}, 3)
+		p.open("/audit")
+		p.filter(map[string]string{"task": "one-instant", "limit": "2"})
+		if got := p.pageBack(stored, 2); !slices.Equal(got, want) {
+			t.Errorf("events at one instant paged back through = %q, want %q", got, want)
+		}
+
+		// A resource's lease history pages back the same way, a hundred
+		// events a page: plc-line-2's (disabled, no task ran on it), with
+		// 120 waits at one instant.
+		before := len(storedRows(t, c, client.AuditQuery{ResourceID: "plc-line-2"}, true))
+		at = time.Now().Truncate(time.Millisecond)
+		for i := range 120 {
+			if err := em.Emit(ctx, wire.Event{Time: at, Type: wire.EventResourceWaiting, ResourceID: "plc-line-2", Message: fmt.Sprintf("wait %d", i+1)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want = waitStoredRows(t, c, client.AuditQuery{ResourceID: "plc-line-2"}, before+120)
+		p.open("/resources/plc-line-2")
+		if got := p.pageBack("#lease-history table.events", 100); !slices.Equal(got, want) {
+			t.Errorf("plc-line-2's lease history paged back through = %d events %q, want %d %q", len(got), got, len(want), want)
+		}
+	})
+
 	t.Run("gantry ui", func(t *testing.T) {
 		// 'gantry ui' on loopback, a process of its own, shows the system
 		// of 'gantry run' through its broker, and acts on it.
@@ -603,6 +674,33 @@ func (p tab) waitStored(what string, c *client.Client, q client.AuditQuery, sel 
 	})
 }
 
+// pageBack reads the events of the table sel of the page open in p, at
+// most limit a page, and those of each older page, following Older to the
+// end.
+func (p tab) pageBack(sel string, limit int) []string {
+	p.t.Helper()
+	var got []string
+	for page := 1; ; page++ {
+		rows, err := eval[[]string](p, eventRows(sel))
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		if len(rows) > limit {
+			p.t.Fatalf("page %d of the audit events = %d rows, want at most %d", page, len(rows), limit)
+		}
+		got = append(got, rows...)
+		older, err := eval[string](p, `(document.querySelector('.pager a[href*="until="]') || {}).href || ""`)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		if older == "" {
+			return got
+		}
+		p.click(`.pager a[href*="until="]`)
+		p.wait("the older page", fmt.Sprintf(`location.href === %q && document.readyState === "complete" && !document.getElementById("tail")`, older))
+	}
+}
+
 // eventRows is a JavaScript expression: the rows of the events table sel,
 // each as its type and message.
 func eventRows(sel string) string {
@@ -631,6 +729,20 @@ func storedRows(t testing.TB, c *client.Client, q client.AuditQuery, newestFirst
 	if newestFirst {
 		slices.Reverse(rows)
 	}
+	return rows
+}
+
+// waitStoredRows waits until the audit store holds n events that q
+// selects and returns them as storedRows does, newest first.
+func waitStoredRows(t *testing.T, c *client.Client, q client.AuditQuery, n int) []string {
+	t.Helper()
+	var rows []string
+	poll.For(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if rows = storedRows(t, c, q, true); len(rows) != n {
+			return fmt.Errorf("stored events of %+v = %d, want %d", q, len(rows), n)
+		}
+		return nil
+	})
 	return rows
 }
 
