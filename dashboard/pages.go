@@ -144,7 +144,7 @@ func (d *Dashboard) taskPage(w http.ResponseWriter, r *http.Request) {
 	} else {
 		payloadNote = err.Error()
 	}
-	events, more, evErr := d.newest(ctx, client.AuditQuery{TaskID: id}, 200, time.Time{})
+	events, more, evErr := d.newest(ctx, client.AuditQuery{TaskID: id}, 200, time.Time{}, "")
 	slices.Reverse(events)
 	d.render(w, r, http.StatusOK, "task", "Task "+id, map[string]any{
 		"Task": rec, "Payload": payload, "PayloadNote": payloadNote, "Result": pretty(rec.Result),
@@ -172,13 +172,10 @@ func (d *Dashboard) resourcePage(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, errStatus(err), err)
 		return
 	}
-	until := parseTime(r.URL.Query().Get("until"), time.Now())
-	events, more, evErr := d.newest(r.Context(), client.AuditQuery{ResourceID: id}, 100, until)
+	v := r.URL.Query()
+	events, more, evErr := d.newest(r.Context(), client.AuditQuery{ResourceID: id}, 100, parseTime(v.Get("until"), time.Now()), v.Get("before"))
+	older := olderPage("/resources/"+url.PathEscape(id), url.Values{}, events, more)
 	events = slices.DeleteFunc(events, func(ev client.Event) bool { return !slices.Contains(leaseEvents, ev.Type) })
-	older := ""
-	if more && len(events) > 0 {
-		older = "/resources/" + url.PathEscape(id) + "?until=" + url.QueryEscape(events[len(events)-1].Time.Format(time.RFC3339Nano))
-	}
 	d.render(w, r, http.StatusOK, "resource", "Resource "+id, map[string]any{
 		"Resource": res, "Events": events, "Older": older, "EventsError": errText(evErr),
 	})
@@ -326,15 +323,11 @@ func (d *Dashboard) auditPage(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	events, more, evErr := d.newest(r.Context(), q, form.Limit, until)
-	older := ""
-	if more && len(events) > 0 {
-		v := r.URL.Query()
-		v.Set("until", events[len(events)-1].Time.Format(time.RFC3339Nano))
-		older = "/audit?" + v.Encode()
-	}
+	events, more, evErr := d.newest(r.Context(), q, form.Limit, until, r.URL.Query().Get("before"))
+	older := olderPage("/audit", r.URL.Query(), events, more)
 	live := r.URL.Query()
 	live.Del("until")
+	live.Del("before")
 	live.Del("limit")
 	live.Set("from", now.Format(time.RFC3339Nano))
 	types := make([]string, 0, len(wire.EventTypes()))
@@ -356,15 +349,36 @@ var windows = []time.Duration{time.Hour, 24 * time.Hour, 7 * 24 * time.Hour, 30 
 // maxScan bounds the events newest reads for one answer.
 const maxScan = 50000
 
+// olderPage is the URL of the page of events older than those of a page
+// (newest first) at path with the query v: it starts before the last
+// event, by time and id (the order of the store, which keeps the events of
+// one time in the order of their ids). "" when there are none older.
+func olderPage(path string, v url.Values, events []client.Event, more bool) string {
+	if !more || len(events) == 0 {
+		return ""
+	}
+	last := events[len(events)-1]
+	v.Set("until", last.Time.Format(time.RFC3339Nano))
+	v.Set("before", last.ID)
+	return path + "?" + v.Encode()
+}
+
 // newest returns the newest n events q selects from before until, newest
-// first, and whether older ones may be left.
-func (d *Dashboard) newest(ctx context.Context, q client.AuditQuery, n int, until time.Time) ([]client.Event, bool, error) {
+// first, and whether older ones may be left. With before, an event id,
+// the events at until whose id sorts before it are taken too: an older
+// page starts there (olderPage).
+func (d *Dashboard) newest(ctx context.Context, q client.AuditQuery, n int, until time.Time, before string) ([]client.Event, bool, error) {
 	if until.IsZero() {
 		until = time.Now()
 	}
 	var out []client.Event
 	scanned := 0
 	hi := until
+	if before != "" {
+		// Until is exclusive: up to the nanosecond after, then drop the
+		// events at until from before on.
+		hi = until.Add(time.Nanosecond)
+	}
 	for _, span := range windows {
 		q.Until, q.Since, q.Cursor = &hi, nil, ""
 		lo := time.Time{}
@@ -379,7 +393,11 @@ func (d *Dashboard) newest(ctx context.Context, q client.AuditQuery, n int, unti
 			if err != nil {
 				return out, false, err
 			}
-			window = append(window, page.Events...)
+			for _, ev := range page.Events {
+				if before == "" || !ev.Time.Equal(until) || ev.ID < before {
+					window = append(window, ev)
+				}
+			}
 			if len(window) > n {
 				window = window[len(window)-n:]
 			}

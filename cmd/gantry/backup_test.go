@@ -23,7 +23,7 @@ import (
 )
 
 // connectClient connects a client to url for the test.
-func connectClient(t *testing.T, url string) *client.Client {
+func connectClient(t testing.TB, url string) *client.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

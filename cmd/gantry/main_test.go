@@ -129,7 +129,7 @@ func exitOf(t *testing.T, c *exec.Cmd) int {
 }
 
 // freePort returns a loopback address nothing listens on (for a moment).
-func freePort(t *testing.T) string {
+func freePort(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
