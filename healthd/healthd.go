@@ -173,6 +173,8 @@ func (h *Healthd) run(ctx context.Context, lc *lifecycle.Runner) error {
 		Name: "probe", Subject: wire.SubjectRouteProbe, QueueGroup: QueueGroup,
 		Handler: func(req micro.Request) {
 			// A request that arrives once run has returned starts nothing.
+			// The probe answers later, from its route's loop: detached.
+			req = rpc.Detach(h.nc, req)
 			lc.Go(func() { h.onProbe(ctx, req) })
 		},
 	})

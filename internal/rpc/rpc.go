@@ -214,3 +214,51 @@ func Request(ctx context.Context, nc *nats.Conn, subject string, req, reply any)
 	}
 	return nil
 }
+
+// Detach returns req as a request answered through nc, which may be
+// answered after the handler has returned. A micro.Request may not: micro
+// reads what the handler's answer did once Handle returns, so an answer
+// sent from another goroutine races with that read.
+func Detach(nc *nats.Conn, req micro.Request) micro.Request {
+	return &detached{nc: nc, subject: req.Subject(), reply: req.Reply(), data: req.Data(), headers: req.Headers()}
+}
+
+// detached is a micro.Request answered through a connection.
+type detached struct {
+	nc             *nats.Conn
+	subject, reply string
+	data           []byte
+	headers        micro.Headers
+}
+
+func (d *detached) Respond(data []byte, opts ...micro.RespondOpt) error {
+	return d.publish(&nats.Msg{Data: data}, opts)
+}
+
+func (d *detached) RespondJSON(v any, opts ...micro.RespondOpt) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return micro.ErrMarshalResponse
+	}
+	return d.Respond(data, opts...)
+}
+
+func (d *detached) Error(code, description string, data []byte, opts ...micro.RespondOpt) error {
+	if code == "" || description == "" {
+		return fmt.Errorf("%w: error code and description", micro.ErrArgRequired)
+	}
+	return d.publish(&nats.Msg{Data: data, Header: nats.Header{micro.ErrorHeader: {description}, micro.ErrorCodeHeader: {code}}}, opts)
+}
+
+func (d *detached) publish(m *nats.Msg, opts []micro.RespondOpt) error {
+	m.Subject = d.reply
+	for _, o := range opts {
+		o(m)
+	}
+	return d.nc.PublishMsg(m)
+}
+
+func (d *detached) Data() []byte           { return d.data }
+func (d *detached) Headers() micro.Headers { return d.headers }
+func (d *detached) Subject() string        { return d.subject }
+func (d *detached) Reply() string          { return d.reply }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -193,5 +194,43 @@ func TestReplyTooLarge(t *testing.T) {
 	var re *Error
 	if err := Request(ctx, env.NC, "test.big", echo{}, nil); !errors.As(err, &re) || re.Code != CodeInternal || !strings.Contains(re.Description, "message limit") {
 		t.Errorf("too large a reply = %v, want a 500 naming the message limit", err)
+	}
+}
+
+// TestDetach: a detached request is answered after its handler returned,
+// from another goroutine, with a reply or an error, as Respond answers.
+func TestDetach(t *testing.T) {
+	t.Parallel()
+	env := brokertest.Start(t)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	svc, err := AddService(env.NC, "gantry-test-later", "echo later", Endpoint{
+		Name: "later", Subject: "test.later",
+		Handler: func(req micro.Request) {
+			req = Detach(env.NC, req)
+			wg.Go(func() {
+				var in echo
+				if err := Decode(req, &in); err != nil {
+					_ = Respond(req, nil, err)
+					return
+				}
+				_ = Respond(req, echo{Text: in.Text}, failures[in.Fail])
+			})
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = svc.Stop() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 20 {
+		var got echo
+		if err := Request(ctx, env.NC, "test.later", echo{Text: "hi"}, &got); err != nil || got.Text != "hi" {
+			t.Fatalf("Request = %+v, %v; want hi, nil", got, err)
+		}
+		if err := Request(ctx, env.NC, "test.later", echo{Fail: "not_found"}, nil); !errors.Is(err, kv.ErrNotFound) {
+			t.Fatalf("Request(not_found) = %v, want kv.ErrNotFound", err)
+		}
 	}
 }
