@@ -10,6 +10,7 @@ import (
 
 	"github.com/gantry-dev/gantry/broker/wire"
 	"github.com/gantry-dev/gantry/internal/check"
+	"github.com/gantry-dev/gantry/internal/metricstest"
 	"github.com/gantry-dev/gantry/jobs"
 )
 
@@ -22,27 +23,9 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, labels ...
 		t.Fatal(err)
 	}
 	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range f.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue next
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				return m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				return m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				return float64(m.GetHistogram().GetSampleCount())
+		if f.GetName() == name {
+			if v, ok := metricstest.Value(f, labels...); ok {
+				return v
 			}
 		}
 	}

@@ -134,22 +134,10 @@ func TestSQLiteErrors(t *testing.T) {
 	}
 
 	// A writer locked out by another is a lock timeout: retryable.
-	other, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
 	ctx := context.Background()
-	lock, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	if _, err := lock.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
-		t.Fatal(err)
-	}
+	lock := lockDB(t, path, "EXCLUSIVE")
 	busy := open(t, Database{Name: "busy", Driver: SQLite, DSN: "file:" + path + "?_pragma=busy_timeout(50)"})
-	_, err = run(t, busy, "busy", "INSERT INTO readings (sensor) VALUES ('late')", "")
+	_, err := run(t, busy, "busy", "INSERT INTO readings (sensor) VALUES ('late')", "")
 	if got := kindOf(t, err); got != KindLockTimeout || err.(*Error).Permanent() {
 		t.Errorf("insert under another's lock = %v (kind %s), want a retryable lock_timeout", err, got)
 	}
@@ -225,20 +213,8 @@ func TestSQLiteMaxOpen(t *testing.T) {
 		t.Fatalf("MaxOpenConnections = %d, want 1", got)
 	}
 
-	other, err := sql.Open("sqlite", "file:"+path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
 	ctx := context.Background()
-	lock, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Close()
-	if _, err := lock.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
+	lock := lockDB(t, path, "IMMEDIATE")
 	waits := pool.Stats().WaitCount
 	errs := make(chan error, n)
 	for i := range n {
@@ -271,4 +247,25 @@ func TestSQLiteMaxOpen(t *testing.T) {
 	if got := pool.Stats().OpenConnections; got != 1 {
 		t.Errorf("OpenConnections at the end = %d, want 1", got)
 	}
+}
+
+// lockDB opens the SQLite database at path on a connection of its own and
+// begins a transaction of mode (EXCLUSIVE, IMMEDIATE) on it, holding the
+// database's lock until the connection's end (closed with the test).
+func lockDB(t *testing.T, path, mode string) *sql.Conn {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := conn.ExecContext(context.Background(), "BEGIN "+mode); err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }

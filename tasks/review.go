@@ -3,6 +3,7 @@ package tasks
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -10,16 +11,12 @@ import (
 	"github.com/gantry-dev/gantry/broker/wire"
 )
 
-// A NEEDS_REVIEW task has a message on its review subject
-// (gantry.review.<id>) of the tasks stream for as long as it is in review:
-// its kept message, or, when the message could not be kept (too large, or
-// not in a restored backup), an empty marker with wire.HeaderNotKept. So
-// the tasks in review are found by reading that subject space, which holds
-// as many messages as there are tasks in review, rather than every task
-// record: ReviewIDs.
-
 // MarkNotKept publishes the marker of task id, in review without its
-// message, and waits until the stream has it.
+// message, and waits until the stream has it. A NEEDS_REVIEW task has a
+// message on its review subject (gantry.review.<id>) for as long as it is
+// in review: its kept message, or this marker when the message could not
+// be kept (too large, or not in a restored backup). So ReviewIDs finds the
+// tasks in review without reading every task record.
 func MarkNotKept(ctx context.Context, js jetstream.JetStream, id string) error {
 	m := nats.NewMsg(wire.ReviewSubject(id))
 	m.Header.Set(wire.HeaderNotKept, "1")
@@ -53,8 +50,7 @@ func ReviewIDs(ctx context.Context, js jetstream.JetStream) ([]string, error) {
 	}
 	ids := make([]string, 0, len(info.State.Subjects))
 	for subject := range info.State.Subjects {
-		id := subject[len(wire.SubjectReviewPrefix)+1:]
-		if wire.ValidTaskID(id) {
+		if id, ok := strings.CutPrefix(subject, wire.SubjectReviewPrefix+"."); ok && wire.ValidTaskID(id) {
 			ids = append(ids, id)
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/gantry-dev/gantry/client"
 	"github.com/gantry-dev/gantry/internal/brokertest"
 	poll "github.com/gantry-dev/gantry/internal/check"
+	"github.com/gantry-dev/gantry/internal/metricstest"
 	"github.com/gantry-dev/gantry/internal/proxytest"
 )
 
@@ -55,31 +56,7 @@ func scrape(t *testing.T, base string) (string, map[string]*dto.MetricFamily) {
 // value returns the value of the series of name whose labels include
 // labels (a histogram's sample count), and whether there is one.
 func value(families map[string]*dto.MetricFamily, name string, labels ...string) (float64, bool) {
-	f := families[name]
-	if f == nil {
-		return 0, false
-	}
-next:
-	for _, m := range f.GetMetric() {
-		have := map[string]string{}
-		for _, l := range m.GetLabel() {
-			have[l.GetName()] = l.GetValue()
-		}
-		for i := 0; i+1 < len(labels); i += 2 {
-			if have[labels[i]] != labels[i+1] {
-				continue next
-			}
-		}
-		switch {
-		case m.Counter != nil:
-			return m.GetCounter().GetValue(), true
-		case m.Gauge != nil:
-			return m.GetGauge().GetValue(), true
-		case m.Histogram != nil:
-			return float64(m.GetHistogram().GetSampleCount()), true
-		}
-	}
-	return 0, false
+	return metricstest.Value(families[name], labels...)
 }
 
 // submitWait submits a task and waits for its end, returning its state.

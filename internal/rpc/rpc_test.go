@@ -34,19 +34,23 @@ var failures = map[string]error{
 	"internal":    errors.New("disk on fire\nsecond line"),
 }
 
+// answer is the test service's handler: the text it was sent, or the
+// failure it names.
+func answer(req micro.Request) {
+	var in echo
+	if err := Decode(req, &in); err != nil {
+		_ = Respond(req, nil, err)
+		return
+	}
+	_ = Respond(req, echo{Text: in.Text}, failures[in.Fail])
+}
+
 func TestRoundTrip(t *testing.T) {
 	t.Parallel()
 	env := brokertest.Start(t)
 	svc, err := AddService(env.NC, "gantry-test", "echo", Endpoint{
 		Name: "echo", Subject: "test.echo",
-		Handler: func(req micro.Request) {
-			var in echo
-			if err := Decode(req, &in); err != nil {
-				_ = Respond(req, nil, err)
-				return
-			}
-			_ = Respond(req, echo{Text: in.Text}, failures[in.Fail])
-		},
+		Handler: answer,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -208,14 +212,7 @@ func TestDetach(t *testing.T) {
 		Name: "later", Subject: "test.later",
 		Handler: func(req micro.Request) {
 			req = Detach(env.NC, req)
-			wg.Go(func() {
-				var in echo
-				if err := Decode(req, &in); err != nil {
-					_ = Respond(req, nil, err)
-					return
-				}
-				_ = Respond(req, echo{Text: in.Text}, failures[in.Fail])
-			})
+			wg.Go(func() { answer(req) })
 		},
 	})
 	if err != nil {
