@@ -210,7 +210,7 @@ func (c *Client) purge(ctx context.Context, id string, check func(TaskRecord) er
 		if err != nil {
 			return fmt.Errorf("open stream %s: %w", wire.StreamTasks, err)
 		}
-		if err := tasks.ForgetReview(ctx, stream, id); err != nil {
+		if err := tasks.ForgetReview(ctx, stream, id, 0); err != nil {
 			return err
 		}
 	}

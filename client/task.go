@@ -409,8 +409,9 @@ func (c *Client) RetryTask(ctx context.Context, id string) (TaskRecord, error) {
 	if _, err := store.Update(ctx, rec, rev); err != nil && !errors.Is(err, tasks.ErrChanged) {
 		return TaskRecord{}, err
 	}
-	// Requeued: the kept copy has done its job.
-	if err := tasks.ForgetReview(ctx, stream, id); err != nil {
+	// Requeued: the kept copy has done its job. Not the one of the new
+	// run, if it went to review again already.
+	if err := tasks.ForgetReview(ctx, stream, id, ack.Sequence); err != nil {
 		return TaskRecord{}, fmt.Errorf("task %s requeued, but: %w", id, err)
 	}
 	if err := c.em.Emit(ctx, wire.Event{Type: wire.EventRetryScheduled, TaskID: id, ResourceID: rec.Resource,

@@ -414,6 +414,23 @@ func TestStatsCountsTasksInReview(t *testing.T) {
 		}
 	}
 	reviews(2, map[string]int{"fail": 2})
+	// A retried task that fails again at once keeps its new copy: the
+	// retry removes only the copy it republished.
+	if _, err := c.RetryTask(ctx, "fail-1"); err != nil {
+		t.Fatal(err)
+	}
+	check.That(t, 20*time.Second, "fail-1's second run in review", func() bool {
+		rec, err := c.Task(ctx, "fail-1")
+		return err == nil && rec.Run == 2 && rec.State == client.TaskNeedsReview
+	})
+	reviews(2, map[string]int{"fail": 2})
+	if _, err := c.RetryTask(ctx, "fail-1"); err != nil {
+		t.Errorf("RetryTask(fail-1) again = %v, want its kept copy found", err)
+	}
+	check.That(t, 20*time.Second, "fail-1's third run in review", func() bool {
+		rec, err := c.Task(ctx, "fail-1")
+		return err == nil && rec.Run == 3 && rec.State == client.TaskNeedsReview
+	})
 	stream, err := b.env.JS.Stream(ctx, wire.StreamTasks)
 	if err != nil {
 		t.Fatal(err)

@@ -27,9 +27,15 @@ func MarkNotKept(ctx context.Context, js jetstream.JetStream, id string) error {
 }
 
 // ForgetReview removes what the review subject of task id holds: its kept
-// message or its marker. The task's record no longer says NEEDS_REVIEW.
-func ForgetReview(ctx context.Context, stream jetstream.Stream, id string) error {
-	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(wire.ReviewSubject(id))); err != nil {
+// message or its marker, those stored before sequence before when it is
+// not 0. A retry passes the sequence it republished the task at, so that
+// the copy a new run keeps, should it go to review again at once, stays.
+func ForgetReview(ctx context.Context, stream jetstream.Stream, id string, before uint64) error {
+	opts := []jetstream.StreamPurgeOpt{jetstream.WithPurgeSubject(wire.ReviewSubject(id))}
+	if before > 0 {
+		opts = append(opts, jetstream.WithPurgeSequence(before))
+	}
+	if err := stream.Purge(ctx, opts...); err != nil {
 		return fmt.Errorf("remove the kept message of task %s: %w", id, err)
 	}
 	return nil
